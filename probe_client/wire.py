@@ -1,0 +1,49 @@
+"""The stallscope wire format: constants and layouts shared by client and daemon.
+
+Every datagram is one 32-byte header followed by zero or more 32-byte records
+(or, for HELLO, a UTF-8 JSON object). All integers are little-endian. This
+module is the single source of truth for the layout; `docs/wire-protocol.md`
+explains it for humans. Standard library only: it is imported by the probe
+client inside other people's serving processes.
+"""
+
+import struct
+
+MAGIC = 0x5353  # b"SS"
+VERSION = 1
+
+HEADER_SIZE = 32
+RECORD_SIZE = 32
+
+# Datagram kinds (header byte 3).
+DGRAM_HELLO = 1    # payload: UTF-8 JSON describing the process and run
+DGRAM_RECORDS = 2  # payload: record_count fixed-size records
+DGRAM_BYE = 3      # no payload: the client closed cleanly
+
+# Record types (record byte 0).
+REC_SPAN = 1    # flags=depth, kind_id, tid, start_ns, end_ns, stage_id, batch
+REC_GC = 2      # flags=generation, tid, start_ns, end_ns, collected, uncollectable
+REC_STRING = 3  # kind_id=string id, bytes 8..31 = UTF-8 name, NUL padded
+REC_TYPES = (REC_SPAN, REC_GC, REC_STRING)
+
+STRING_MAX_BYTES = 24
+
+# magic u16, version u8, kind u8, record_count u16, record_size u16,
+# first_seq u64, sent_ns u64, drops_full u32, drops_disconnected u32
+HEADER = struct.Struct("<HBBHHQQII")
+# rtype u8, flags u8, kind_id u16, tid u32, start_ns u64, end_ns u64,
+# a u32 (stage_id | collected), b u32 (batch | uncollectable)
+RECORD = struct.Struct("<BBHIQQII")
+# rtype u8, flags u8, string id u16, reserved u32, name 24s
+STRING_RECORD = struct.Struct("<BBHI24s")
+
+assert HEADER.size == HEADER_SIZE and RECORD.size == RECORD_SIZE
+assert STRING_RECORD.size == RECORD_SIZE
+
+# Records per datagram: 127 records + header = 4096 bytes, one page; far below
+# the Unix socket's datagram limit and cheap for the daemon to decode.
+MAX_RECORDS = 127
+DATAGRAM_MAX = HEADER_SIZE + MAX_RECORDS * RECORD_SIZE
+HELLO_MAX = 16384
+
+U32_MAX = 0xFFFFFFFF
