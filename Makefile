@@ -1,0 +1,23 @@
+# The two commands a new user needs: `make demo` and `make test`.
+# Both set up what they need first (scripts/bootstrap.sh, idempotent).
+.PHONY: demo test bootstrap bench clean protos
+
+PYTEST_ARGS ?=
+
+bootstrap:
+	@scripts/bootstrap.sh
+
+demo: bootstrap
+	.venv/bin/stallscope demo $(DEMO_ARGS)
+
+test: bootstrap
+	.venv/bin/python -m pytest $(PYTEST_ARGS)
+
+bench: bootstrap
+	.venv/bin/python bench/run_all.py
+
+protos: bootstrap
+	scripts/gen_protos.sh
+
+clean:
+	rm -rf .venv build *.egg-info

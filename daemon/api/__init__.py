@@ -1,0 +1,1 @@
+"""gRPC API (see protos/)."""

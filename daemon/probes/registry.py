@@ -1,0 +1,43 @@
+"""The explicit registry of probe backends, best first, and the selection rule."""
+
+import importlib
+import logging
+
+log = logging.getLogger("stallscope.probes")
+
+# probe name -> backends, best first, as "module:Class" so that a backend
+# whose module cannot even be imported (no bcc, no pynvml) is simply skipped
+# with that reason.
+PROBES = {
+    "sched": ["stallscope.probes.sched_bcc:BccSchedProbe",
+              "stallscope.probes.sched_perf:PerfSchedProbe",
+              "stallscope.probes.sched_proc:ProcSchedProbe"],
+    "gpu": ["stallscope.probes.gpu_nvml:NvmlGpuProbe"],
+}
+
+
+def load(spec):
+    module, _, cls = spec.partition(":")
+    return getattr(importlib.import_module(module), cls)
+
+
+def select_backend(name, settings=None, prefer=None):
+    """Return (probe class or None, [(backend spec, reason), ...] skipped).
+
+    `prefer` names a backend ('bcc', 'perf', 'proc', 'nvml', 'none') to use
+    instead of the best available one."""
+    skipped = []
+    for spec in PROBES.get(name, []):
+        try:
+            cls = load(spec)
+        except Exception as exc:  # the module itself needs what is missing
+            skipped.append((spec, f"cannot load {spec}: {exc}"))
+            continue
+        if prefer and prefer != cls.backend:
+            skipped.append((spec, f"not selected (--{name}-backend={prefer})"))
+            continue
+        reason = cls.unavailable(settings)
+        if reason is None:
+            return cls, skipped
+        skipped.append((spec, reason))
+    return None, skipped

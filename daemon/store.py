@@ -1,0 +1,170 @@
+"""The DuckDB store: one database file, batched columnar appends, views.
+
+Producers (ingest, kernel and GPU probes) hand over whole column batches with
+`append()`; a writer thread inserts everything queued, in one transaction,
+at least every `flush_interval_s` (default 200 ms), as Arrow tables, never
+row by row. Small bookkeeping statements (`sql()`) ride in the same
+transaction so that, for instance, a run's `last_seq` is never ahead of the
+records stored. A failed write is rolled back, logged, and recorded as a
+loss with its reason; the daemon runs on. Listeners see every batch as it is
+appended (the gRPC stream subscribes here). The store never blocks a
+producer on disk I/O: appends only take a short lock.
+"""
+
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+
+from . import views
+
+log = logging.getLogger("stallscope.store")
+
+SCHEMA_DIR = Path(__file__).with_name("schema")
+
+
+def _as_arrow(columns):
+    """Columns (name -> numpy array, pyarrow array or list) as a pa.Table."""
+    arrays, names = [], []
+    for name, col in columns.items():
+        if isinstance(col, (pa.Array, pa.ChunkedArray)):
+            arrays.append(col)
+        elif isinstance(col, np.ndarray) and col.dtype != object:
+            arrays.append(pa.array(col))
+        else:
+            arrays.append(pa.array(list(col) if not isinstance(col, list) else col))
+        names.append(name)
+    return pa.Table.from_arrays(arrays, names=names)
+
+
+def apply_schema(con):
+    """Create every table (idempotent) and then the query views."""
+    for path in sorted(SCHEMA_DIR.glob("*.sql")):
+        con.execute(path.read_text())
+    views.create_views(con)
+
+
+class Store:
+    """The daemon's one writable connection to the database file."""
+
+    def __init__(self, path, flush_interval_s=0.2):
+        self.path = str(path)
+        parent = os.path.dirname(os.path.abspath(self.path))
+        os.makedirs(parent, exist_ok=True)
+        self.con = duckdb.connect(self.path)
+        apply_schema(self.con)
+        self.flush_interval_s = flush_interval_s
+        self._lock = threading.Lock()
+        self._tables = {}       # table -> list of pa.Table waiting
+        self._statements = []   # (sql, params) waiting, in order
+        self._listeners = []
+        self._stop = threading.Event()
+        self._thread = None
+        self._flush_lock = threading.Lock()
+        self.rows_written = 0
+        self.rows_lost = 0
+        self.flushes = 0
+        self.last_error = None
+
+    # ----- producers ---------------------------------------------------------
+    def append(self, table, columns):
+        """Queue a batch of rows for `table`: a pa.Table or name -> column."""
+        batch = columns if isinstance(columns, pa.Table) else _as_arrow(columns)
+        if batch.num_rows == 0:
+            return
+        with self._lock:
+            self._tables.setdefault(table, []).append(batch)
+        for listener in self._listeners:
+            try:
+                listener(table, batch)
+            except Exception:
+                log.exception("store listener failed")
+
+    def sql(self, statement, params=None):
+        """Queue a bookkeeping statement for the next flush's transaction."""
+        with self._lock:
+            self._statements.append((statement, params))
+
+    def add_listener(self, fn):
+        """fn(table, pa.Table) is called for every appended batch."""
+        self._listeners.append(fn)
+
+    def remove_listener(self, fn):
+        try:
+            self._listeners.remove(fn)
+        except ValueError:
+            pass
+
+    # ----- readers -------------------------------------------------------------
+    def cursor(self):
+        """A cursor on the same database for reads from another thread."""
+        return self.con.cursor()
+
+    # ----- writer ------------------------------------------------------------
+    def start(self):
+        self._thread = threading.Thread(target=self._run, name="store-writer", daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        while not self._stop.wait(self.flush_interval_s):
+            self.flush()
+
+    def flush(self):
+        """Write everything queued so far in one transaction."""
+        with self._flush_lock:
+            with self._lock:
+                tables, self._tables = self._tables, {}
+                statements, self._statements = self._statements, []
+            if not tables and not statements:
+                return 0
+            rows = 0
+            cur = self.con.cursor()
+            try:
+                cur.execute("BEGIN TRANSACTION")
+                for statement, params in statements:
+                    cur.execute(statement, params or [])
+                for table, batches in tables.items():
+                    data = pa.concat_tables(batches, promote_options="default") \
+                        if len(batches) > 1 else batches[0]
+                    cur.register("_batch", data)
+                    cur.execute(f'INSERT INTO "{table}" BY NAME SELECT * FROM _batch')
+                    cur.unregister("_batch")
+                    rows += data.num_rows
+                cur.execute("COMMIT")
+            except Exception as exc:  # disk full, bad batch, ...: keep running
+                try:
+                    cur.execute("ROLLBACK")
+                except Exception:
+                    pass
+                lost = sum(b.num_rows for bs in tables.values() for b in bs)
+                self.rows_lost += lost
+                self.last_error = f"{type(exc).__name__}: {exc}"
+                log.error("could not write %d rows (%s); recorded as a loss",
+                          lost, self.last_error)
+                now = time.monotonic_ns()
+                self.sql("INSERT INTO losses (run_id, probe, start_ns, end_ns, count, reason) "
+                         "VALUES (NULL, 'store', ?, ?, ?, ?)",
+                         [now, now, lost, ("store_error: " + self.last_error)[:500]])
+                return 0
+            finally:
+                cur.close()
+            self.rows_written += rows
+            self.flushes += 1
+            return rows
+
+    def close(self):
+        """Stop the writer, write what is left, close the file."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self.flush()
+        try:
+            self.con.execute("CHECKPOINT")
+        except Exception as exc:
+            log.warning("checkpoint failed: %s", exc)
+        self.con.close()

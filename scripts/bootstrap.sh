@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Sets up everything `make demo` and `make test` need, idempotently, and says
+# what it did. As root it also installs Debian packages and prepares the
+# kernel side for bcc; as a normal user it skips that part and says so.
+#
+#   .venv/                      Python packages (pip install -e .[daemon,test])
+#   .venv/.../bcc -> Debian's   bcc is a Debian package (python3-bpfcc), not
+#                               on PyPI: we link only its `bcc` package into
+#                               the venv, nothing else from dist-packages.
+#   /lib/modules/$(uname -r)/{build,source} -> Debian's linux-headers-amd64
+#                               WORKAROUND for hosts whose running kernel has
+#                               no matching headers package (bcc compiles its
+#                               programs against headers; we only read
+#                               tracepoint fields, which bcc takes from tracefs,
+#                               so a nearby header version is enough).
+#   /sys/kernel/tracing         tracefs, mounted if it is not.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+say() { printf 'bootstrap: %s\n' "$*" >&2; }
+
+PY=${PYTHON:-python3}
+DEB_PKGS=(python3-bpfcc linux-headers-amd64 linux-perf stress-ng systemd)
+
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  missing=()
+  for p in "${DEB_PKGS[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if [ ${#missing[@]} -gt 0 ]; then
+    say "installing Debian packages: ${missing[*]}"
+    apt-get update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+  fi
+  kver=$(uname -r)
+  if [ ! -e "/lib/modules/$kver/build/include" ]; then
+    hdr=$(ls -d /usr/src/linux-headers-*-amd64 2>/dev/null | sort -V | tail -n 1 || true)
+    if [ -n "$hdr" ]; then
+      mkdir -p "/lib/modules/$kver"
+      ln -sfn "$hdr" "/lib/modules/$kver/build"
+      common=${hdr%-amd64}-common
+      [ -d "$common" ] || common=$hdr
+      ln -sfn "$common" "/lib/modules/$kver/source"
+      say "linked kernel headers $hdr as /lib/modules/$kver/{build,source} (workaround: no headers match kernel $kver)"
+    else
+      say "no kernel headers found under /usr/src; the eBPF probe will be unavailable"
+    fi
+  fi
+  if [ ! -e /sys/kernel/tracing/events ]; then
+    mount -t tracefs tracefs /sys/kernel/tracing 2>/dev/null \
+      && say "mounted tracefs at /sys/kernel/tracing" \
+      || say "could not mount tracefs; the eBPF probe will be unavailable"
+  fi
+  getent group stallscope >/dev/null || { groupadd --system stallscope && say "created group stallscope"; }
+else
+  say "not root (or no apt-get): skipping Debian packages, kernel headers and tracefs; the eBPF and perf probes may be unavailable"
+fi
+
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+  say "created .venv with $("$PY" --version 2>&1)"
+fi
+stamp=.venv/.stallscope-installed
+want=$(cat pyproject.toml | sha256sum | cut -c1-16)
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+  say "installing stallscope and its Python packages into .venv (pip install -e .[daemon,test])"
+  .venv/bin/pip install -q --disable-pip-version-check -e '.[daemon,test]'
+  echo "$want" > "$stamp"
+fi
+
+site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+if [ -d /usr/lib/python3/dist-packages/bcc ] && [ ! -e "$site/bcc" ]; then
+  ln -s /usr/lib/python3/dist-packages/bcc "$site/bcc"
+  say "linked Debian's bcc package into .venv ($site/bcc)"
+fi
+
+if [ -x scripts/gen_protos.sh ] && [ -d protos ]; then
+  scripts/gen_protos.sh --if-stale
+fi
