@@ -1,7 +1,7 @@
 """Loads the named SQL views of `queries/` into a DuckDB connection.
 
-Every `.sql` file under the queries directory (in path order) is executed;
-each defines views (`CREATE OR REPLACE VIEW`) and documents them. The
+Every `.sql` file under the queries directory is executed (in path order,
+files that depend on later ones retried until all resolve); each defines views (`CREATE OR REPLACE VIEW`) and documents them. The
 directory is the repository's `queries/`, or `$STALLSCOPE_QUERIES`. A file
 that fails is reported with its path and the database's message; the other
 views are still created.
@@ -29,12 +29,26 @@ def query_files():
 
 
 def create_views(con):
-    """Execute every query file; returns the list of (path, error) failures."""
-    failures = []
-    for path in query_files():
-        try:
-            con.execute(path.read_text())
-        except Exception as exc:
-            failures.append((str(path), str(exc)))
-            log.error("view file %s failed: %s", path, exc)
+    """Execute every query file; returns the list of (path, error) failures.
+
+    Files may depend on views of other files: a file that fails is retried
+    after the others, pass after pass, until a pass makes no progress."""
+    pending = query_files()
+    errors = {}
+    while pending:
+        failed = []
+        for path in pending:
+            try:
+                con.execute(path.read_text())
+            except Exception as exc:
+                failed.append(path)
+                errors[path] = str(exc)
+        if len(failed) == len(pending):
+            break
+        pending = failed
+    else:
+        return []
+    failures = [(str(p), errors[p]) for p in pending]
+    for path, err in failures:
+        log.error("view file %s failed: %s", path, err)
     return failures
