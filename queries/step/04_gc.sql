@@ -39,9 +39,9 @@ SELECT
     tid,                                                             -- step's thread
     step_idx,                                                        -- step index on the thread
     sum(overlap_ns)::BIGINT AS gc_ns,                                -- GC time inside the step, ns
-    sum(overlap_ns) FILTER (generation = 0)::BIGINT AS gc0_ns,       -- of which generation 0, ns
-    sum(overlap_ns) FILTER (generation = 1)::BIGINT AS gc1_ns,       -- of which generation 1, ns
-    sum(overlap_ns) FILTER (generation = 2)::BIGINT AS gc2_ns,       -- of which generation 2, ns
+    coalesce(sum(overlap_ns) FILTER (generation = 0), 0)::BIGINT AS gc0_ns,       -- of which generation 0, ns
+    coalesce(sum(overlap_ns) FILTER (generation = 1), 0)::BIGINT AS gc1_ns,       -- of which generation 1, ns
+    coalesce(sum(overlap_ns) FILTER (generation = 2), 0)::BIGINT AS gc2_ns,       -- of which generation 2, ns
     count(*) AS gc_passes,                                           -- passes overlapping the step
     arg_max(generation, (overlap_ns, generation)) AS gc_generation,  -- generation of the pass with the most time inside (ties: older generation)
     sum(collected)::BIGINT AS gc_collected,                          -- objects collected by those passes

@@ -14,29 +14,42 @@ FROM runq q JOIN _step_thread t ON q.pid = t.pid AND q.tid = t.tid
 WHERE q.end_ns > q.start_ns;
 
 -- Every (kernel interval, step) pair that overlaps, with the intersection.
+-- A thread cannot read the clock while it is off CPU or waiting to run, so
+-- such an interval lies within one step or between two: one ASOF join (the
+-- last step starting at or before the interval) finds its step. The few
+-- intervals that still reach past that step's end (clock reads a few ns
+-- apart, coarse probes) take a second path over every step they cover.
 CREATE OR REPLACE VIEW _sched_step_overlap AS
 WITH a AS (
-    SELECT i.*, coalesce(s.step_idx, 0) AS ka
+    SELECT i.run_id, i.tid, i.src, i.preempted, i.xs, i.xe,
+           f.step_idx, f.start_ns, f.end_ns, f.submit_start_ns, f.submit_end_ns
     FROM _sched_step_interval i
-    ASOF LEFT JOIN _step s ON i.run_id = s.run_id AND i.tid = s.tid AND i.xs >= s.start_ns
-), b AS (
-    SELECT a.*, s.step_idx AS kb
-    FROM a ASOF JOIN _step s ON a.run_id = s.run_id AND a.tid = s.tid AND a.xe > s.start_ns
-), p AS (
-    -- A thread cannot read the clock while off CPU, so such an interval almost
-    -- never straddles a step boundary; the range covers the cases that do.
-    SELECT run_id, tid, src, preempted, xs, xe,
-           unnest(CASE WHEN ka = kb THEN [ka] ELSE range(ka, kb + 1) END) AS step_idx
-    FROM b WHERE kb >= ka
+    ASOF LEFT JOIN _step_frame f ON i.run_id = f.run_id AND i.tid = f.tid AND i.xs >= f.start_ns
+), straddle AS (   -- starts before the first step, or ends past its step's end
+    SELECT run_id, tid, src, preempted, xs, xe, coalesce(step_idx, 0) AS ka
+    FROM a WHERE step_idx IS NULL OR xe > end_ns
+), sb AS (
+    SELECT s.*, f.step_idx AS kb
+    FROM straddle s ASOF JOIN _step f ON s.run_id = f.run_id AND s.tid = f.tid AND s.xe > f.start_ns
+), sp AS (
+    SELECT run_id, tid, src, preempted, xs, xe, unnest(range(ka, kb + 1)) AS step_idx
+    FROM sb WHERE kb >= ka
+), pairs AS (
+    SELECT run_id, tid, src, preempted, xs, xe, step_idx, start_ns, end_ns, submit_start_ns, submit_end_ns
+    FROM a WHERE step_idx IS NOT NULL AND xe <= end_ns AND xs < end_ns
+    UNION ALL
+    SELECT sp.run_id, sp.tid, sp.src, sp.preempted, sp.xs, sp.xe, sp.step_idx,
+           f.start_ns, f.end_ns, f.submit_start_ns, f.submit_end_ns
+    FROM sp JOIN _step_frame f USING (run_id, tid, step_idx)
+    WHERE sp.xs < f.end_ns AND f.start_ns < sp.xe
 )
 SELECT
-    f.run_id, f.tid, f.step_idx, p.src, p.preempted,
-    least(p.xe, f.end_ns) - greatest(p.xs, f.start_ns) AS overlap_ns,
-    CASE WHEN f.submit_start_ns IS NULL THEN 0   -- least/greatest skip NULLs: guard
-         ELSE greatest(0, least(p.xe, f.submit_end_ns) - greatest(p.xs, f.submit_start_ns)) END
+    run_id, tid, step_idx, src, preempted,
+    least(xe, end_ns) - greatest(xs, start_ns) AS overlap_ns,
+    CASE WHEN submit_start_ns IS NULL THEN 0   -- least/greatest skip NULLs: guard
+         ELSE greatest(0, least(xe, submit_end_ns) - greatest(xs, submit_start_ns)) END
         AS in_submit_ns
-FROM p JOIN _step_frame f USING (run_id, tid, step_idx)
-WHERE p.xs < f.end_ns AND f.start_ns < p.xe;
+FROM pairs;
 
 -- Migrations of step threads that happened inside a step.
 CREATE OR REPLACE VIEW _sched_step_migration AS

@@ -7,7 +7,7 @@
 CREATE OR REPLACE VIEW _gpu_sample_interval AS
 SELECT
     n.gpu, n.ts_ns AS xs,
-    least(coalesce(lead(n.ts_ns) OVER w, n.ts_ns), n.ts_ns + p.gpu_sample_hold_ns) AS xe,
+    least(coalesce(lead(n.ts_ns) OVER w, n.ts_ns + p.gpu_sample_hold_ns), n.ts_ns + p.gpu_sample_hold_ns) AS xe,
     n.sm_clock_mhz, n.clock_event_reasons,
     coalesce(n.clock_event_reasons & 1, 0) = 1 AS idle,   -- NVML reason bit 0x1: GPU idle
     row_number() OVER w - 1 AS sample_idx
