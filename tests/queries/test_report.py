@@ -67,7 +67,7 @@ def test_report_text_has_the_numbers(con, tmp_path):
     # passes of 0.5 ms, no gen-1 (its max is NULL: blank), 1 gen-2 of 100 ms
     assert r1[2] == "2000" and r1[7:10] == ["1", "1", "0"] and r1[11:14] == ["5", "2.5", "0.5"]
     assert re.search(r"\s0\s+0\.0\s+1\s+100\.0\s+100\.0$", line)
-    slow = text.split("== Slow steps")[1].split("==")[0]
+    slow = text.split("== Slow steps")[1].split("\n== ")[0]
     rec = [ln for ln in slow.splitlines() if ln.startswith("recurrent")]
     # run 1's stalled step is its only slow one: 1 of 3000 recurrent steps in both runs
     assert rec and rec[0].split()[2:4] == ["3000", "1"] and " gc " in rec[0]
