@@ -16,11 +16,11 @@ FROM _step s JOIN step_window w USING (run_id);
 -- One row per generation-2 GC pass.
 CREATE OR REPLACE VIEW seed_gen2 AS
 WITH hit AS (   -- the step each pass overlapped most
-    SELECT run_id, gc_start_ns,
-           arg_max(tid, overlap_ns) AS tid, arg_max(step_idx, overlap_ns) AS step_idx,
+    SELECT run_id, xs AS gc_start_ns,
+           arg_max(tid, (overlap_ns, -step_idx)) AS tid, arg_max(step_idx, (overlap_ns, -step_idx)) AS step_idx,
            max(overlap_ns) AS overlap_ns
-    FROM _step_gc_overlap WHERE generation = 2
-    GROUP BY run_id, gc_start_ns
+    FROM _step_overlap WHERE src = 0 AND generation = 2
+    GROUP BY run_id, xs
 )
 SELECT
     g.run_id,                                                     -- run

@@ -35,27 +35,26 @@ WITH j AS (
         f.run_id, f.tid, f.step_idx, f.stage, f.batch, f.start_ns, f.end_ns, f.duration_ns,
         b.baseline_ns,
         f.duration_ns - b.baseline_ns AS excess_ns,
-        coalesce(g.gc_ns, 0) AS gc_ns,
-        g.gc_generation,
-        coalesce(sc.preempted_ns, 0) AS preempted_ns,
-        coalesce(sc.blocked_ns, 0) AS blocked_ns,
-        coalesce(sc.runq_ns, 0) AS runq_ns,
-        coalesce(sc.migrations, 0) AS migrations,
+        coalesce(c.gc_ns, 0) AS gc_ns,
+        c.gc_generation,
+        coalesce(c.preempted_ns, 0) AS preempted_ns,
+        coalesce(c.blocked_ns, 0) AS blocked_ns,
+        coalesce(c.runq_ns, 0) AS runq_ns,
+        coalesce(c.migrations, 0) AS migrations,
         f.submit_ns,
         coalesce(su.submit_excess_ns, 0) AS submit_excess_ns,
         gp.sm_clock_min_mhz,
         gp.clock_event_reasons,
         coalesce(gp.gpu_clock_ns, 0) AS gpu_clock_ns,
-        coalesce(sc.migrations, 0) * p.migration_cost_ns AS migration_ns,
-        greatest(coalesce(su.submit_excess_ns, 0) - coalesce(g.gc_in_submit_ns, 0)
-                 - coalesce(sc.offcpu_in_submit_ns, 0), 0) AS submit_host_ns,
+        coalesce(c.migrations, 0) * p.migration_cost_ns AS migration_ns,
+        greatest(coalesce(su.submit_excess_ns, 0) - coalesce(c.gc_in_submit_ns, 0)
+                 - coalesce(c.offcpu_in_submit_ns, 0), 0) AS submit_host_ns,
         f.duration_ns > p.slow_factor * b.baseline_ns AS slow,
         p.cause_min_share
     FROM _step_frame f
     CROSS JOIN step_params p
     JOIN step_baseline b ON b.run_id = f.run_id AND b.stage IS NOT DISTINCT FROM f.stage AND b.batch = f.batch
-    LEFT JOIN step_gc g ON g.run_id = f.run_id AND g.tid = f.tid AND g.step_idx = f.step_idx
-    LEFT JOIN step_sched sc ON sc.run_id = f.run_id AND sc.tid = f.tid AND sc.step_idx = f.step_idx
+    LEFT JOIN _step_components c ON c.run_id = f.run_id AND c.tid = f.tid AND c.step_idx = f.step_idx
     LEFT JOIN step_submit su ON su.run_id = f.run_id AND su.tid = f.tid AND su.step_idx = f.step_idx
     LEFT JOIN step_gpu gp ON gp.run_id = f.run_id AND gp.tid = f.tid AND gp.step_idx = f.step_idx
 ), m AS (
