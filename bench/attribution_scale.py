@@ -8,6 +8,11 @@ an in-memory DuckDB through Arrow, creates the views and times a full
 aggregate over `step_attribution`. It measures; it asserts nothing about time.
 
     .venv/bin/python bench/attribution_scale.py [--scales 0.1,0.25,1] [--repeat 3]
+        [--versus DIR]   # also time the views of another queries/ directory,
+                         # interleaved with these, on the same data
+
+Wall time depends on what else runs on the machine; CPU time (all threads of
+this process) much less, so both are printed.
 
 Full size (scale 1): 1 M steps, 10 M offcpu rows, 1 M GC rows.
 """
@@ -22,6 +27,7 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
+from stallscope import views
 from stallscope.store import apply_schema
 
 STEP_NS = 5_000_000
@@ -99,14 +105,37 @@ QUERY = """SELECT count(*), count(cause), sum(gc_ns), sum(preempted_ns), sum(blo
            FROM step_attribution"""
 
 
+def load_views(con, queries_dir):
+    """(Re)create the views of queries_dir (None: this checkout's)."""
+    old = os.environ.pop("STALLSCOPE_QUERIES", None)
+    try:
+        if queries_dir:
+            os.environ["STALLSCOPE_QUERIES"] = queries_dir
+        failures = views.create_views(con)
+        assert not failures, failures
+    finally:
+        os.environ.pop("STALLSCOPE_QUERIES", None)
+        if old is not None:
+            os.environ["STALLSCOPE_QUERIES"] = old
+
+
+def timed(con):
+    w0, c0 = time.perf_counter(), time.process_time()
+    row = con.execute(QUERY).fetchone()
+    return time.perf_counter() - w0, time.process_time() - c0, row
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--scales", default="0.1,0.25,1")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--versus", default=None, help="another queries/ directory to time alongside")
     args = ap.parse_args()
-    print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, duckdb {duckdb.__version__}")
-    print("| scale | steps | offcpu | gc | median s | runs (s) | slow steps |")
-    print("|---|---|---|---|---|---|---|")
+    print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, duckdb {duckdb.__version__}, "
+          f"load average at start {os.getloadavg()[0]:.1f}")
+    variants = [("this", None)] + ([("versus", args.versus)] if args.versus else [])
+    print("| views | scale | steps | offcpu | gc | median wall s | median CPU s | wall runs (s) | slow steps |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for scale in [float(s) for s in args.scales.split(",")]:
         tables = make_tables(scale)
         con = duckdb.connect()
@@ -115,14 +144,23 @@ def main():
             con.register("_t", tbl)
             con.execute(f'INSERT INTO "{name}" BY NAME SELECT * FROM _t')
             con.unregister("_t")
-        times = []
+        results = {v: [] for v, _ in variants}
+        rows = {}
         for _ in range(args.repeat):
-            t0 = time.perf_counter()
-            row = con.execute(QUERY).fetchone()
-            times.append(time.perf_counter() - t0)
-        print(f"| {scale} | {tables['spans'].num_rows // 2:,} | {tables['offcpu'].num_rows:,} | "
-              f"{tables['gc_events'].num_rows:,} | {statistics.median(times):.2f} | "
-              f"{', '.join(f'{x:.2f}' for x in times)} | {row[1]:,} |", flush=True)
+            for v, d in variants:     # interleaved, so both see the same machine load
+                load_views(con, d)
+                wall, cpu, row = timed(con)
+                results[v].append((wall, cpu))
+                rows[v] = row
+        if len(rows) == 2 and rows["this"] != rows["versus"]:
+            print(f"WARNING: results differ: {rows}")
+        for v, _ in variants:
+            walls = [w for w, _ in results[v]]
+            cpus = [c for _, c in results[v]]
+            print(f"| {v} | {scale} | {tables['spans'].num_rows // 2:,} | {tables['offcpu'].num_rows:,} | "
+                  f"{tables['gc_events'].num_rows:,} | {statistics.median(walls):.2f} | "
+                  f"{statistics.median(cpus):.2f} | {', '.join(f'{x:.2f}' for x in walls)} | "
+                  f"{rows[v][1]:,} |", flush=True)
         con.close()
 
 
