@@ -1,7 +1,8 @@
 """Times `step_attribution` over synthetic tables of growing size.
 
 Generates, with numpy, engine steps (each with one submit span), off-CPU
-intervals, run-queue waits, migrations and GC passes shaped like a serving
+intervals, run-queue waits, migrations, GC passes and 10 Hz NVML samples
+shaped like a serving
 run (steps of ~5 ms with a rare slow one; most kernel rows on the step
 threads, the rest on other threads of the same processes), loads them into
 an in-memory DuckDB through Arrow, creates the views and times a full
@@ -96,12 +97,19 @@ def make_tables(scale, seed=1):
     gc_events = pa.table({"run_id": run_id[kg], "tid": tid[kg], "generation": gen,
                           "start_ns": g_start, "end_ns": g_start + g_len,
                           "collected": rng.integers(0, 1000, n_gc), "uncollectable": np.zeros(n_gc, np.int64)})
+    # NVML samples of one GPU at 10 Hz over every run; 1% of them a thermal clock drop
+    ts = np.concatenate([np.arange(start[r * per_run], end[(r + 1) * per_run - 1], 100_000_000)
+                         for r in range(RUNS)])
+    drop = rng.random(len(ts)) < 0.01
+    nvml = pa.table({"gpu": np.zeros(len(ts), np.int32), "ts_ns": ts,
+                     "sm_clock_mhz": np.where(drop, 1500, 1980).astype(np.int32),
+                     "clock_event_reasons": pa.array(np.where(drop, 0x20, 0).astype(np.uint64))})
     return {"spans": spans, "runs": runs, "offcpu": offcpu, "runq": runq,
-            "migrations": migrations, "gc_events": gc_events}
+            "migrations": migrations, "gc_events": gc_events, "nvml_samples": nvml}
 
 
 QUERY = """SELECT count(*), count(cause), sum(gc_ns), sum(preempted_ns), sum(blocked_ns),
-                  sum(runq_ns), sum(migrations), sum(submit_excess_ns)
+                  sum(runq_ns), sum(migrations), sum(submit_excess_ns), sum(gpu_clock_ns)
            FROM step_attribution"""
 
 

@@ -30,11 +30,19 @@
 
 -- One row per step.
 CREATE OR REPLACE VIEW step_attribution AS
-WITH j AS (
+WITH f AS (
+    -- the baselines of step_baseline and step_submit, computed here as window
+    -- aggregates so the steps are read once (same medians, same rounding)
+    SELECT fr.*,
+        round(median(fr.duration_ns) OVER g)::BIGINT AS baseline_ns,
+        round(median(fr.submit_ns) OVER g)::BIGINT AS submit_baseline_ns
+    FROM _step_frame fr
+    WINDOW g AS (PARTITION BY fr.run_id, fr.stage, fr.batch)
+), j AS (
     SELECT
         f.run_id, f.tid, f.step_idx, f.stage, f.batch, f.start_ns, f.end_ns, f.duration_ns,
-        b.baseline_ns,
-        f.duration_ns - b.baseline_ns AS excess_ns,
+        f.baseline_ns,
+        f.duration_ns - f.baseline_ns AS excess_ns,
         coalesce(c.gc_ns, 0) AS gc_ns,
         c.gc_generation,
         coalesce(c.preempted_ns, 0) AS preempted_ns,
@@ -42,20 +50,18 @@ WITH j AS (
         coalesce(c.runq_ns, 0) AS runq_ns,
         coalesce(c.migrations, 0) AS migrations,
         f.submit_ns,
-        coalesce(su.submit_excess_ns, 0) AS submit_excess_ns,
+        coalesce(greatest(f.submit_ns - f.submit_baseline_ns, 0), 0) AS submit_excess_ns,
         gp.sm_clock_min_mhz,
         gp.clock_event_reasons,
         coalesce(gp.gpu_clock_ns, 0) AS gpu_clock_ns,
         coalesce(c.migrations, 0) * p.migration_cost_ns AS migration_ns,
-        greatest(coalesce(su.submit_excess_ns, 0) - coalesce(c.gc_in_submit_ns, 0)
-                 - coalesce(c.offcpu_in_submit_ns, 0), 0) AS submit_host_ns,
-        f.duration_ns > p.slow_factor * b.baseline_ns AS slow,
+        greatest(coalesce(greatest(f.submit_ns - f.submit_baseline_ns, 0), 0)
+                 - coalesce(c.gc_in_submit_ns, 0) - coalesce(c.offcpu_in_submit_ns, 0), 0) AS submit_host_ns,
+        f.duration_ns > p.slow_factor * f.baseline_ns AS slow,
         p.cause_min_share
-    FROM _step_frame f
+    FROM f
     CROSS JOIN step_params p
-    JOIN step_baseline b ON b.run_id = f.run_id AND b.stage IS NOT DISTINCT FROM f.stage AND b.batch = f.batch
     LEFT JOIN _step_components c ON c.run_id = f.run_id AND c.tid = f.tid AND c.step_idx = f.step_idx
-    LEFT JOIN step_submit su ON su.run_id = f.run_id AND su.tid = f.tid AND su.step_idx = f.step_idx
     LEFT JOIN step_gpu gp ON gp.run_id = f.run_id AND gp.tid = f.tid AND gp.step_idx = f.step_idx
 ), m AS (
     SELECT j.*, greatest(gc_ns, preempted_ns, blocked_ns, migration_ns, gpu_clock_ns, submit_host_ns) AS top_ns

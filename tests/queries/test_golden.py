@@ -44,6 +44,13 @@ def run_case(path):
     return render([d[0] for d in cur.description], cur.fetchall())
 
 
+def test_every_query_file_loads():
+    con = duckdb.connect()
+    apply_schema(con)
+    from stallscope import views
+    assert views.create_views(con) == []
+
+
 def test_every_view_has_a_golden_case():
     con = duckdb.connect()
     apply_schema(con)
