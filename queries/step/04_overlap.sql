@@ -5,6 +5,9 @@
 -- and migrations (kernel rows, keyed by (pid, tid), mapped to the run by
 -- runs.pid). Time charged = length of the intersection with the step.
 
+-- (Rows of other threads are not filtered out first with a semi join: that
+-- made DuckDB underestimate this side and build its hash table on it,
+-- several times slower.)
 -- Source rows of step threads. src: 0 GC pass, 1 off-CPU, 2 run-queue
 -- wait, 3 migration (an instant: xs = xe). Kernel rows keep their pid;
 -- GC rows are repeated for every step thread of their run.
