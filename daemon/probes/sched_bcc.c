@@ -116,9 +116,10 @@ TRACEPOINT_PROBE(sched, sched_switch)
         // prev_state is the task's report state, one-hot (S=0x1, D=0x2, ...,
         // I=0x80); 0 means still runnable, i.e. the task was taken off the CPU
         // (tick or wakeup preemption, sched_yield) rather than going to sleep.
-        // 0x100 is added only for in-kernel preemption of a sleeping task, so
-        // it is masked off. This is the same split as the kernel's nivcsw /
-        // nvcsw (nonvoluntary / voluntary_ctxt_switches in /proc).
+        // A preemption reports 0x100 (TASK_REPORT_MAX) whatever the state the
+        // task had set, because a preempted task is never dequeued: masking
+        // it off counts it as preempted. This is exactly the kernel's split
+        // into nivcsw / nvcsw (nonvoluntary / voluntary_ctxt_switches).
         u8 preempted = (args->prev_state & 0xff) == 0;
         struct tstate *s = state.lookup(&prev_tid);
         if (s) {

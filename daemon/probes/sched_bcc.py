@@ -135,7 +135,7 @@ class BccSchedProbe(Probe):
                   f"-DRINGBUF_PAGES={pages}"]
         self._bpf = BPF(src_file=BPF_SOURCE.encode(), cflags=cflags)
         self._sink = sink
-        self._map_ring(self._bpf["events"].map_fd, pages * PAGE_SIZE)
+        self._map_ring(self._bpf[b"events"].map_fd, pages * PAGE_SIZE)
         self._started_ns = time.monotonic_ns()
         self._lost_since_ns = self._started_ns
         for pid in list(self._tracked):
@@ -172,8 +172,8 @@ class BccSchedProbe(Probe):
         import ctypes as ct
         # Mark the tgid first: from then on task_newtask records new threads,
         # so the /proc scan below cannot miss one created in between.
-        self._bpf["tracked"][ct.c_uint32(pid)] = ct.c_uint8(1)
-        tid_map = self._bpf["tid_tgid"]
+        self._bpf[b"tracked"][ct.c_uint32(pid)] = ct.c_uint8(1)
+        tid_map = self._bpf[b"tid_tgid"]
         try:
             tids = os.listdir(f"{self.proc_root}/{pid}/task")
         except OSError:
@@ -189,11 +189,11 @@ class BccSchedProbe(Probe):
         if self._bpf is None:
             return
         try:
-            del self._bpf["tracked"][ct.c_uint32(pid)]
+            del self._bpf[b"tracked"][ct.c_uint32(pid)]
         except KeyError:
             pass
         for name in ("tid_tgid", "state"):
-            table = self._bpf[name]
+            table = self._bpf[name.encode()]
             stale = [k for k, v in table.items()
                      if (v.value if name == "tid_tgid" else v.pid) == pid]
             for k in stale:
@@ -312,7 +312,7 @@ class BccSchedProbe(Probe):
 
     def _counters(self):
         import ctypes as ct
-        table = self._bpf["counters"]
+        table = self._bpf[b"counters"]
         return [table[ct.c_int(i)].value for i in (CNT_RESERVE_FAILED, CNT_STATE_FULL)]
 
     def _check_losses(self):
