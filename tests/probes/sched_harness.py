@@ -160,3 +160,83 @@ def clipped_sum(start, end, w):
     lo = np.maximum(start, w.t0_ns)
     hi = np.minimum(end, w.t1_ns)
     return int(np.clip(hi - lo, 0, None).sum())
+
+
+# -- checks shared by the event-exact backends (bcc, perf) ---------------------
+
+def check_contended(probe, sink, work, sync):
+    """Spinner sharing CPU 1 with a hog: counts, run-queue wait and wall time."""
+    work.call("pin 1")
+    hog = spawn_hog(1)
+    try:
+        w = window(work, "spin 400", sync)
+    finally:
+        hog.kill()
+        hog.wait()
+    off = sink.table("offcpu", work.tid)
+    started = in_window(off["start_ns"], w)
+    preempted = int((off["preempted"] & started).sum())
+    voluntary = int((~off["preempted"] & started).sum())
+    assert w.delta("nonvoluntary") >= 5, "the hog did not preempt the worker"
+    assert abs(preempted - w.delta("nonvoluntary")) <= 0.01 * w.delta("nonvoluntary")
+    assert abs(voluntary - w.delta("voluntary")) <= 0.01 * w.delta("voluntary")
+
+    rq = sink.table("runq", work.tid)
+    ended = in_window(rq["end_ns"], w)
+    wait_ns = int((rq["end_ns"][ended] - rq["start_ns"][ended]).sum())
+    assert w.delta("wait_ns") > 0
+    assert abs(wait_ns - w.delta("wait_ns")) <= 0.05 * w.delta("wait_ns")
+
+    wall_ns = w.t1_ns - w.t0_ns
+    on_plus_off = w.delta("run_ns") + clipped_sum(off["start_ns"], off["end_ns"], w)
+    assert abs(on_plus_off - wall_ns) <= 0.01 * wall_ns
+    assert np.all(off["end_ns"] >= off["start_ns"])
+    assert np.all(rq["end_ns"] >= rq["start_ns"])
+    assert not sink.losses
+    return w
+
+
+def check_flips(probe, sink, work, sync, n_flips=20):
+    work.call("pin 0")
+    w = window(work, f"flip {n_flips}", sync)
+    mig = sink.table("migrations", work.tid)
+    sel = in_window(mig["ts_ns"], w)
+    assert int(sel.sum()) == n_flips == w.delta("nr_migrations")
+    assert np.all(mig["from_cpu"][sel] != mig["to_cpu"][sel])
+    # pinned to 0 first, so the flips go 0->1, 1->0, ...
+    assert list(mig["to_cpu"][sel]) == [(i + 1) % 2 for i in range(n_flips)]
+    return w
+
+
+def check_markers(probe, sink, work, sync, n_marks=20):
+    """Clock alignment: kernel timestamps and time.monotonic_ns are one clock."""
+    work.call("pin 0")
+    w = window(work, f"marks {n_marks}", sync)
+    marks = json.loads(w.reply)
+    assert len(marks) == 2 * n_marks
+    off = sink.table("offcpu", work.tid)
+    mig = sink.table("migrations", work.tid)
+    for kind, t0, t1 in marks:
+        if kind == "sleep":
+            inside = (off["start_ns"] >= t0) & (off["end_ns"] <= t1) & ~off["preempted"]
+        else:
+            inside = (mig["ts_ns"] >= t0) & (mig["ts_ns"] <= t1)
+        assert inside.any(), f"no {kind} event inside its markers [{t0}, {t1}]"
+
+
+def check_untrack(probe, sink, sync):
+    w = Workload()
+    try:
+        w.start_thread()
+        w.call("pin 0")
+        window(w, "flip 4", sync)
+        assert not len(sink.table("migrations", w.tid).get("tid", []))
+        assert not len(sink.table("offcpu", w.tid).get("tid", []))
+        probe.track(w.pid)
+        window(w, "flip 4", sync)
+        assert len(sink.table("migrations", w.tid)["tid"]) == 4
+        probe.untrack(w.pid)
+        window(w, "flip 4", sync)
+        assert len(sink.table("migrations", w.tid)["tid"]) == 4
+    finally:
+        w.close()
