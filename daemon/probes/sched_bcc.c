@@ -30,6 +30,8 @@
 
 #define CNT_RESERVE_FAILED 0
 #define CNT_STATE_FULL 1
+#define CNT_LOST_IN_PREEMPTED 2   // switch-in never seen: preempted interval lost
+#define CNT_LOST_IN_VOLUNTARY 3   // same, for an interval after a voluntary switch
 
 // Layout mirrored by RECORD_DTYPE in sched_bcc.py.
 struct record {
@@ -53,12 +55,20 @@ struct tstate {
     u16 cpu;
     u8 preempted;
     u8 pad;
+    // switch-outs seen, for user space to compare with the kernel's own
+    // nvcsw/nivcsw (/proc status): a tracepoint run the kernel drops
+    // without counting it as a BPF miss shows up as a difference
+    u32 n_vol;
+    u32 n_inv;
 };
 
 BPF_HASH(tracked, u32, u8, MAX_TGIDS);        // tgids to follow (user space)
 BPF_HASH(tid_tgid, u32, u32, MAX_TIDS);       // threads of tracked tgids
 BPF_HASH(state, u32, struct tstate, MAX_TIDS);
-BPF_ARRAY(counters, u64, 4);
+// Mmapped by user space, which reads it without a bpf() syscall: map
+// syscalls raise the CPU's bpf_prog_active for their duration, and a
+// tracepoint program that fires on that CPU meanwhile is skipped.
+BPF_F_TABLE("array", u32, u64, counters, 8, BPF_F_MMAPABLE);
 BPF_RINGBUF_OUTPUT(events, RINGBUF_PAGES);
 
 static __always_inline void count(u32 idx)
@@ -123,11 +133,21 @@ TRACEPOINT_PROBE(sched, sched_switch)
         u8 preempted = (args->prev_state & 0xff) == 0;
         struct tstate *s = state.lookup(&prev_tid);
         if (s) {
+            // A switch-out while the last one is still unpaired means the
+            // kernel dropped a run of this program at the switch-in (seen
+            // under concurrent tracing, not counted as a BPF miss): the
+            // pending interval is lost; count it by kind.
+            if (s->off_ns)
+                count(s->preempted ? CNT_LOST_IN_PREEMPTED : CNT_LOST_IN_VOLUNTARY);
             s->off_ns = now;
             s->cpu = cpu;
             s->preempted = preempted;
             s->pid = prev_tgid;
             s->rq_ns = preempted ? now : 0;
+            if (preempted)
+                s->n_inv++;
+            else
+                s->n_vol++;
         } else {
             struct tstate init = {};
             init.off_ns = now;
@@ -135,6 +155,8 @@ TRACEPOINT_PROBE(sched, sched_switch)
             init.preempted = preempted;
             init.pid = prev_tgid;
             init.rq_ns = preempted ? now : 0;
+            init.n_inv = preempted;
+            init.n_vol = !preempted;
             if (state.update(&prev_tid, &init))
                 count(CNT_STATE_FULL);
             // A thread we first meet here (a race with track()'s /proc scan)

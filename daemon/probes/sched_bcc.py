@@ -32,6 +32,8 @@ KIND_SWITCH_IN = 1
 KIND_MIGRATE = 2
 CNT_RESERVE_FAILED = 0
 CNT_STATE_FULL = 1
+CNT_LOST_IN_PREEMPTED = 2
+CNT_LOST_IN_VOLUNTARY = 3
 
 # `struct record` in sched_bcc.c, preceded by the ring buffer's 8-byte header.
 RECORD_DTYPE = np.dtype([
@@ -114,12 +116,16 @@ class BccSchedProbe(Probe):
         self._tracked = set()
         self._records = 0
         self._rows = {"offcpu": 0, "runq": 0, "migrations": 0}
-        self._lost_seen = [0, 0]
+        self._lost_seen = [0, 0, 0, 0, 0]
         self._lost_since_ns = time.monotonic_ns()
         self._reader_cpu_ns = 0
         self._drains = 0
         self._started_ns = 0
         self._data = None
+        self.verify_s = float(extra.get("sched_verify_ms", 1000)) / 1000.0
+        self._verify_base = {}     # (pid, tid) -> (proc_vol, proc_inv, bpf_vol, bpf_inv)
+        self._unseen = {}          # tid -> [vol, inv] switch-outs the kernel made, we did not see
+        self._last_verify = 0.0
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -136,6 +142,9 @@ class BccSchedProbe(Probe):
         self._bpf = BPF(src_file=BPF_SOURCE.encode(), cflags=cflags)
         self._sink = sink
         self._map_ring(self._bpf[b"events"].map_fd, pages * PAGE_SIZE)
+        self._counter_map = mmap.mmap(self._bpf[b"counters"].map_fd, PAGE_SIZE,
+                                      mmap.MAP_SHARED, mmap.PROT_READ)
+        self._counter_view = np.frombuffer(self._counter_map, dtype=np.uint64, count=8)
         self._started_ns = time.monotonic_ns()
         self._lost_since_ns = self._started_ns
         for pid in list(self._tracked):
@@ -186,6 +195,8 @@ class BccSchedProbe(Probe):
         import ctypes as ct
         pid = int(pid)
         self._tracked.discard(pid)
+        for key in [k for k in self._verify_base if k[0] == pid]:
+            del self._verify_base[key]
         if self._bpf is None:
             return
         try:
@@ -219,7 +230,8 @@ class BccSchedProbe(Probe):
 
     def _unmap_ring(self):
         self._data = None
-        for m in (self._cons_map, self._prod_map):
+        self._counter_view = None
+        for m in (self._cons_map, self._prod_map, self._counter_map):
             m.close()
 
     def _reader(self):
@@ -228,6 +240,8 @@ class BccSchedProbe(Probe):
             try:
                 self.drain()
                 self._check_losses()
+                if time.monotonic() - self._last_verify >= self.verify_s:
+                    self.verify()
             except Exception:  # a failing sink must not kill the reader
                 log.exception("sched probe: reader error")
             now_cpu = time.thread_time_ns()
@@ -311,24 +325,98 @@ class BccSchedProbe(Probe):
             self._rows["migrations"] += len(mig)
 
     def _counters(self):
-        import ctypes as ct
-        table = self._bpf[b"counters"]
-        return [table[ct.c_int(i)].value for i in (CNT_RESERVE_FAILED, CNT_STATE_FULL)]
+        c = self._counter_view
+        return [int(c[i]) for i in (CNT_RESERVE_FAILED, CNT_STATE_FULL,
+                                    CNT_LOST_IN_PREEMPTED, CNT_LOST_IN_VOLUNTARY)]
+
+    def program_stats(self):
+        """Per program: run_cnt, run_time_ns (both 0 unless sysctl
+        kernel.bpf_stats_enabled=1) and recursion_misses (runs the kernel
+        skipped because another BPF program was running on that CPU)."""
+        out = {}
+        for name, fn in self._bpf.funcs.items():
+            stats = {}
+            try:
+                with open(f"/proc/self/fdinfo/{fn.fd}") as f:
+                    for line in f:
+                        key, _, value = line.partition(":")
+                        if key in ("run_cnt", "run_time_ns", "recursion_misses"):
+                            stats[key] = int(value)
+            except OSError:
+                continue
+            short = name.decode().rsplit("__", 1)[-1]
+            out[short] = stats
+        return out
 
     def _check_losses(self):
         if self._bpf is None:
             return
         now = time.monotonic_ns()
         counts = self._counters()
+        counts.append(sum(s.get("recursion_misses", 0) for s in self.program_stats().values()))
         reasons = ("ring buffer full: records dropped in the kernel "
                    "(raise sched_ring_pages or lower sched_poll_ms)",
-                   "per-thread state map full: intervals lost (raise sched_max_tids)")
+                   "per-thread state map full: intervals lost (raise sched_max_tids)",
+                   "switch-in not reported by the kernel: one preempted off-CPU interval lost",
+                   "switch-in not reported by the kernel: one blocked off-CPU interval lost",
+                   "tracepoint runs skipped by the kernel while another BPF program "
+                   "ran on the CPU: events of unknown kind lost")
         for i, reason in enumerate(reasons):
             delta = counts[i] - self._lost_seen[i]
             if delta > 0:
                 self._sink.loss("sched", self._lost_since_ns, now, int(delta), reason)
                 self._lost_seen[i] = counts[i]
         self._lost_since_ns = now
+
+    def verify(self):
+        """Compare per-thread switch-out counts seen in BPF with the kernel's.
+
+        The kernel can skip a tracepoint's BPF program without counting a
+        miss (e.g. perf's recursion guard while other tracing runs on the
+        CPU); nvcsw/nivcsw in /proc status count every switch. A deficit
+        is written as a loss and kept per thread in status()["unseen"].
+        Returns the switch-outs found missing in this pass."""
+        import ctypes as ct
+        self._last_verify = time.monotonic()
+        if self._bpf is None:
+            return 0
+        state = self._bpf[b"state"]
+        now = time.monotonic_ns()
+        found = 0
+        for pid in list(self._tracked):
+            try:
+                tids = [int(t) for t in os.listdir(f"{self.proc_root}/{pid}/task")]
+            except OSError:
+                continue
+            for gone in [k for k in self._verify_base if k[0] == pid and k[1] not in tids]:
+                del self._verify_base[gone]
+            for tid in tids:
+                key = ct.c_uint32(tid)
+                try:
+                    a = state[key]
+                    with open(f"{self.proc_root}/{pid}/task/{tid}/status", "rb") as f:
+                        text = f.read()
+                    b = state[key]
+                except (KeyError, OSError):
+                    continue
+                if (a.n_vol, a.n_inv) != (b.n_vol, b.n_inv):
+                    continue              # it switched meanwhile: next pass
+                vol = int(text.split(b"\nvoluntary_ctxt_switches:")[1].split()[0])
+                inv = int(text.split(b"nonvoluntary_ctxt_switches:")[1].split()[0])
+                base = self._verify_base.get((pid, tid))
+                self._verify_base[(pid, tid)] = (vol, inv, b.n_vol, b.n_inv)
+                if base is None:
+                    continue
+                miss_v = (vol - base[0]) - ((b.n_vol - base[2]) & 0xFFFFFFFF)
+                miss_i = (inv - base[1]) - ((b.n_inv - base[3]) & 0xFFFFFFFF)
+                for i, miss, kind in ((0, miss_v, "voluntary"), (1, miss_i, "preempted")):
+                    if miss > 0:
+                        self._unseen.setdefault(tid, [0, 0])[i] += miss
+                        found += miss
+                        self._sink.loss("sched", now, now, int(miss),
+                                        f"{kind} switch-outs of tid {tid} the kernel made but "
+                                        f"the tracepoint did not report (dropped by the kernel)")
+        return found
 
     def status(self):
         return {
@@ -339,8 +427,11 @@ class BccSchedProbe(Probe):
             "rows": dict(self._rows),
             "lost_reserve": self._lost_seen[0],
             "lost_state_full": self._lost_seen[1],
+            "lost_switch_in": (self._lost_seen[2], self._lost_seen[3]),   # preempted, voluntary
+            "lost_recursion": self._lost_seen[4],
             "reader_cpu_ns": self._reader_cpu_ns,
             "drains": self._drains,
+            "unseen": {tid: tuple(v) for tid, v in self._unseen.items()},
             "poll_ms": self.poll_s * 1000,
             "ring_bytes": self.ring_pages * PAGE_SIZE,
         }

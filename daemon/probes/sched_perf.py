@@ -109,6 +109,25 @@ def _tracepoint(name):
     return tp_id, fields
 
 
+def _tracepoints_deliver():
+    """Count sched_switch for this thread across a few sleeps: 0 means suppressed.
+
+    perf_trace_run_bpf_submit() drops a tracepoint's perf events whenever
+    BPF programs attached to it return 0, so another tracer can silence
+    this backend without any error."""
+    try:
+        tp_id, _ = _tracepoint("sched_switch")
+        fd = perf_event_open(PerfEventAttr(type=PERF_TYPE_TRACEPOINT, config=tp_id), 0, -1)
+    except OSError:
+        return False
+    try:
+        for _ in range(3):
+            time.sleep(0.001)
+        return struct.unpack("<Q", os.read(fd, 8))[0] > 0
+    finally:
+        os.close(fd)
+
+
 def _online_cpus():
     """CPU numbers from /sys/devices/system/cpu/online ("0-3,6")."""
     try:
@@ -176,6 +195,11 @@ class PerfSchedProbe(Probe):
             if exc.errno == errno.ENOSYS:
                 return "kernel built without perf events (CONFIG_PERF_EVENTS)"
             return f"perf_event_open failed: {exc.strerror}"
+        if not _tracepoints_deliver():
+            return ("perf gets no sched tracepoint events: a BPF program that "
+                    "returns 0 is attached to them (e.g. a bcc tool or another "
+                    "stallscope daemon running the bcc backend), which suppresses "
+                    "perf's copies; stop it, or use the bcc backend")
         return None
 
     def __init__(self, settings=None):

@@ -64,6 +64,21 @@ def proc_counters(pid, tid, proc_root="/proc"):
     return out
 
 
+def cpu_time_lost_ns(cpu):
+    """irq + softirq + steal time of `cpu` from /proc/stat, ns (USER_HZ ticks).
+
+    The kernel's per-thread runtime (schedstat) runs on rq_clock_task, which
+    leaves out time spent in interrupts and time the hypervisor stole; a
+    thread's on-CPU + off-CPU can fall short of wall time by that much."""
+    tick_ns = 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+    with open("/proc/stat") as f:
+        for line in f:
+            if line.startswith(f"cpu{cpu} "):
+                v = [int(x) for x in line.split()[1:]]
+                return (v[5] + v[6] + v[7]) * tick_ns
+    return 0
+
+
 def spawn_hog(cpu):
     """A child that spins forever on `cpu` (the contention for the worker)."""
     code = f"import os\nos.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass\n"
@@ -96,16 +111,30 @@ class Workload:
         self.wait_sleeping()
         return reply
 
-    def wait_sleeping(self, timeout_s=10.0):
-        """Until the worker is blocked in read() (state S): no switch is pending."""
+    def wait_sleeping(self, timeout_s=10.0, stable_s=0.02):
+        """Until the worker is really off CPU, blocked in read().
+
+        State S alone is not enough: a thread that has set S but not yet
+        reached schedule() can still be preempted (a nonvoluntary switch)
+        and switched back in. So wait for S with counters unchanged over
+        `stable_s`, longer than a CPU hog's slice."""
         deadline = time.monotonic() + timeout_s
-        path = f"/proc/{self.pid}/task/{self.tid}/stat"
-        while time.monotonic() < deadline:
-            with open(path) as f:
+        base = f"/proc/{self.pid}/task/{self.tid}"
+
+        def snapshot():
+            with open(f"{base}/stat") as f:
                 state = f.read().rsplit(")", 1)[1].split()[0]
-            if state == "S":
+            with open(f"{base}/schedstat") as f:
+                sched = f.read()
+            return state, sched
+
+        last = None
+        while time.monotonic() < deadline:
+            cur = snapshot()
+            if cur[0] == "S" and cur == last:
                 return
-            time.sleep(0.001)
+            last = cur if cur[0] == "S" else None
+            time.sleep(stable_s if last else 0.001)
         raise TimeoutError("worker thread did not go to sleep")
 
     def close(self):
@@ -141,9 +170,11 @@ def window(work, cmd, sync, settle_s=0.0):
     `settle_s` keeps sampling backends' windows clear of the brackets."""
     time.sleep(settle_s)
     before = proc_counters(work.pid, work.tid)
+    before["lost_cpu1_ns"] = cpu_time_lost_ns(1)
     t0 = time.monotonic_ns()
     reply = work.call(cmd)
     after = proc_counters(work.pid, work.tid)
+    after["lost_cpu1_ns"] = cpu_time_lost_ns(1)
     t1 = time.monotonic_ns()
     time.sleep(settle_s)
     work.call("noop")
@@ -164,35 +195,55 @@ def clipped_sum(start, end, w):
 
 # -- checks shared by the event-exact backends (bcc, perf) ---------------------
 
-def check_contended(probe, sink, work, sync):
-    """Spinner sharing CPU 1 with a hog: counts, run-queue wait and wall time."""
+def check_contended(probe, sink, work, sync, unseen=None):
+    """Spinner sharing CPU 1 with a hog: counts, run-queue wait and wall time.
+
+    `unseen()` (bcc) returns the (voluntary, preempted) switch-outs the
+    probe has so far reported as lost for the worker: a switch the kernel
+    dropped must be either recorded or reported, never silently missing."""
     work.call("pin 1")
     hog = spawn_hog(1)
     try:
+        u0 = unseen() if unseen else (0, 0)
         w = window(work, "spin 400", sync)
+        u1 = unseen() if unseen else (0, 0)
     finally:
         hog.kill()
         hog.wait()
+    lost_vol, lost_inv = u1[0] - u0[0], u1[1] - u0[1]
     off = sink.table("offcpu", work.tid)
     started = in_window(off["start_ns"], w)
     preempted = int((off["preempted"] & started).sum())
     voluntary = int((~off["preempted"] & started).sum())
     assert w.delta("nonvoluntary") >= 5, "the hog did not preempt the worker"
-    assert abs(preempted - w.delta("nonvoluntary")) <= 0.01 * w.delta("nonvoluntary")
-    assert abs(voluntary - w.delta("voluntary")) <= 0.01 * w.delta("voluntary")
+    # what the kernel drops is reported, and stays rare
+    assert lost_inv + lost_vol <= 0.1 * (w.delta("nonvoluntary") + w.delta("voluntary"))
+    assert abs(preempted + lost_inv - w.delta("nonvoluntary")) <= 0.01 * w.delta("nonvoluntary")
+    assert abs(voluntary + lost_vol - w.delta("voluntary")) <= 0.01 * w.delta("voluntary")
 
     rq = sink.table("runq", work.tid)
     ended = in_window(rq["end_ns"], w)
     wait_ns = int((rq["end_ns"][ended] - rq["start_ns"][ended]).sum())
     assert w.delta("wait_ns") > 0
-    assert abs(wait_ns - w.delta("wait_ns")) <= 0.05 * w.delta("wait_ns")
+    lost = lost_inv + lost_vol
+    # a lost interval takes its wait with it: then the total can only be short
+    assert wait_ns <= 1.05 * w.delta("wait_ns")
+    if not lost:
+        assert wait_ns >= 0.95 * w.delta("wait_ns")
 
     wall_ns = w.t1_ns - w.t0_ns
     on_plus_off = w.delta("run_ns") + clipped_sum(off["start_ns"], off["end_ns"], w)
-    assert abs(on_plus_off - wall_ns) <= 0.01 * wall_ns
+    # irq/steal time on the worker's CPU is missing from its runtime; /proc/stat
+    # counts it in ticks, so allow one tick more whenever there was any
+    lost_ns = w.delta("lost_cpu1_ns")
+    allowance_ns = lost_ns + (1_000_000_000 // os.sysconf("SC_CLK_TCK") if lost_ns else 0)
+    assert on_plus_off <= wall_ns * 1.01
+    if not lost:
+        assert on_plus_off >= wall_ns * 0.99 - allowance_ns, (on_plus_off, wall_ns, lost_ns)
     assert np.all(off["end_ns"] >= off["start_ns"])
     assert np.all(rq["end_ns"] >= rq["start_ns"])
-    assert not sink.losses
+    if not unseen:
+        assert not sink.losses
     return w
 
 

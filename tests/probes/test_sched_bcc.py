@@ -31,7 +31,18 @@ def work(probe):
 
 
 def test_contended_thread_matches_proc(probe, work):
-    check_contended(probe, probe.sink, work, probe.drain)
+    def unseen():
+        probe.verify()
+        probe._check_losses()
+        st = probe.status()
+        vol, inv = st["unseen"].get(work.tid, (0, 0))
+        # only this worker is tracked here, so the global counters are its own
+        lost_pre, lost_vol = st["lost_switch_in"]
+        return vol + lost_vol, inv + lost_pre
+    check_contended(probe, probe.sink, work, probe.drain, unseen)
+    # every loss written says what was lost; none is a full ring
+    for loss in probe.sink.losses:
+        assert "not report" in loss[4] or "skipped by the kernel" in loss[4], loss
 
 
 def test_affinity_flips_are_migrations(probe, work):

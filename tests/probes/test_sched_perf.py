@@ -13,7 +13,7 @@ from stallscope.probes.sched_perf import PerfSchedProbe
 @pytest.fixture(scope="module")
 def probe():
     reason = PerfSchedProbe.unavailable()
-    require_privileged(reason is None, f"requires root or CAP_PERFMON: {reason}")
+    require_privileged(reason is None, f"perf backend unavailable: {reason}")
     p = PerfSchedProbe()
     p.sink = CollectSink()
     p.start(p.sink)
