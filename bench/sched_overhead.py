@@ -88,6 +88,13 @@ def main():
     ap.add_argument("--cpu", type=int, default=0)
     args = ap.parse_args()
 
+    perf_reason = PerfSchedProbe.unavailable()
+    if perf_reason:
+        print(f"perf modes skipped: {perf_reason}")
+    stats_path = "/proc/sys/kernel/bpf_stats_enabled"
+    with open(stats_path) as f:
+        stats_was = f.read().strip()
+    prog = {}
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
     results = {m: [] for m in ("none", "bcc-untracked", "bcc-tracked",
                                "perf-untracked", "perf-tracked")}
@@ -122,6 +129,27 @@ def main():
                                sink.losses))
                 probe.stop()
 
+                # in-kernel cost per program run, from the kernel's own stats
+                # (bpf_stats_enabled adds two clock reads per run, so this is
+                # measured in a separate untracked run and is an upper bound)
+                with open(stats_path, "w") as f:
+                    f.write("1")
+                try:
+                    probe = BccSchedProbe()
+                    probe.start(CountSink())
+                    probe.track(sleeper.pid)
+                    run_pingpong(exe, args.rounds, args.cpu)
+                    for name, st in probe.program_stats().items():
+                        acc = prog.setdefault(name, [0, 0])
+                        acc[0] += st.get("run_time_ns", 0)
+                        acc[1] += st.get("run_cnt", 0)
+                    probe.stop()
+                finally:
+                    with open(stats_path, "w") as f:
+                        f.write(stats_was)
+
+                if perf_reason:
+                    continue
                 sink = CountSink()
                 probe = PerfSchedProbe()
                 probe.start(sink)
@@ -143,6 +171,8 @@ def main():
           f"CPU {args.cpu}, {os.cpu_count()} CPUs, kernel {os.uname().release}")
     print(f"{'mode':16} {'ns/switch':>10} {'vs none':>9} {'+ns/switch (paired)':>20}")
     for mode, vals in results.items():
+        if not vals:
+            continue
         med = statistics.median(vals)
         d = statistics.median(deltas[mode]) if mode in deltas else 0.0
         print(f"{mode:16} {med:10.0f} {med / base:9.3f} {d:20.0f}")
@@ -152,6 +182,9 @@ def main():
     print(f"bcc reader during bcc-tracked: {recs} records, {recs / wall * 1e9:,.0f} records/s, "
           f"{cpu_ns / max(recs, 1):.0f} ns CPU/record, reader CPU share "
           f"{cpu_ns / wall * 100:.1f}% of one core, losses {sum(r[3] for r in reader)}")
+    for name, (t, n) in sorted(prog.items()):
+        if n:
+            print(f"bpf program {name}: {n} runs, {t / n:.0f} ns per run (kernel bpf_stats, all tasks)")
     per = decode_ceiling()
     print(f"bcc reader decode ceiling (synthetic, 4096-record batches): {per:.0f} ns/record "
           f"= {1e9 / per:,.0f} records/s on one core")

@@ -90,13 +90,14 @@ static __always_inline void emit(struct record *r)
 }
 
 // A thread of a tracked process became runnable: start its run-queue wait.
-static __always_inline void runnable(u32 tid, u64 now)
+static __always_inline void runnable(u32 tid)
 {
     u32 *tgid = tid_tgid.lookup(&tid);
     if (!tgid)
         return;
     if (!tracked.lookup(tgid))
         return;
+    u64 now = bpf_ktime_get_ns();
     struct tstate *s = state.lookup(&tid);
     if (s) {
         s->rq_ns = now;
@@ -111,8 +112,10 @@ static __always_inline void runnable(u32 tid, u64 now)
 
 TRACEPOINT_PROBE(sched, sched_switch)
 {
-    u64 now = bpf_ktime_get_ns();
-    u16 cpu = bpf_get_smp_processor_id();
+    // The clock and CPU are read only once a tracked thread is involved:
+    // almost every switch on a host is not ours and should cost two lookups.
+    u64 now = 0;
+    u16 cpu = 0;
     // At sched_switch the current task is still prev, so this is prev's tgid.
     u32 prev_tgid = bpf_get_current_pid_tgid() >> 32;
     u32 prev_tid = args->prev_pid;
@@ -131,6 +134,8 @@ TRACEPOINT_PROBE(sched, sched_switch)
         // it off counts it as preempted. This is exactly the kernel's split
         // into nivcsw / nvcsw (nonvoluntary / voluntary_ctxt_switches).
         u8 preempted = (args->prev_state & 0xff) == 0;
+        now = bpf_ktime_get_ns();
+        cpu = bpf_get_smp_processor_id();
         struct tstate *s = state.lookup(&prev_tid);
         if (s) {
             // A switch-out while the last one is still unpaired means the
@@ -177,6 +182,10 @@ TRACEPOINT_PROBE(sched, sched_switch)
         state.delete(&next_tid);
         return 0;
     }
+    if (!now) {
+        now = bpf_ktime_get_ns();
+        cpu = bpf_get_smp_processor_id();
+    }
     struct record r = {};
     r.a_ns = n->off_ns;
     r.b_ns = n->rq_ns;
@@ -195,13 +204,13 @@ TRACEPOINT_PROBE(sched, sched_switch)
 
 TRACEPOINT_PROBE(sched, sched_wakeup)
 {
-    runnable(args->pid, bpf_ktime_get_ns());
+    runnable(args->pid);
     return 0;
 }
 
 TRACEPOINT_PROBE(sched, sched_wakeup_new)
 {
-    runnable(args->pid, bpf_ktime_get_ns());
+    runnable(args->pid);
     return 0;
 }
 

@@ -19,6 +19,13 @@ import os
 import threading
 import time
 
+import numpy as np
+
+try:  # typed NULL columns; without pyarrow they stay lists
+    import pyarrow as pa
+except ImportError:  # pragma: no cover
+    pa = None
+
 from .base import Probe
 
 log = logging.getLogger("stallscope.probes.sched_proc")
@@ -43,6 +50,29 @@ def _parse(raw):
     # field 39 (processor), counted after the ")" that ends comm
     cpu = int(stat.rsplit(b")", 1)[1].split()[36])
     return run_ns, wait_ns, slices, vol, invol, nr_mig, cpu
+
+
+# Same column types as the exact backends' batches, so a store can merge
+# them; columns that may hold None stay lists (NULL in the table).
+_DTYPES = {"pid": np.int32, "tid": np.int32, "start_ns": np.int64, "end_ns": np.int64,
+           "ts_ns": np.int64, "cpu": np.int16, "resolution_ns": np.int64,
+           "events": np.int32, "preempted_events": np.int32, "offcpu_ns": np.int64,
+           "wait_ns": np.int64}
+
+
+_NULLABLE = {"preempted": "bool_", "from_cpu": "int16", "to_cpu": "int16"}
+
+
+def _typed(cols):
+    out = {}
+    for k, v in cols.items():
+        if k in _DTYPES:
+            out[k] = np.asarray(v, dtype=_DTYPES[k])
+        elif k in _NULLABLE and pa is not None:
+            out[k] = pa.array(v, type=getattr(pa, _NULLABLE[k])())
+        else:
+            out[k] = v
+    return out
 
 
 class _Thread:
@@ -220,7 +250,7 @@ class ProcSchedProbe(Probe):
         rows = 0
         for table, c in cols.items():
             if c:
-                self._sink.append(table, c)
+                self._sink.append(table, _typed(c))
                 n = len(c["tid"])
                 self._rows[table] += n
                 rows += n
