@@ -135,15 +135,20 @@ def main():
                 with open(stats_path, "w") as f:
                     f.write("1")
                 try:
-                    probe = BccSchedProbe()
-                    probe.start(CountSink())
-                    probe.track(sleeper.pid)
-                    run_pingpong(exe, args.rounds, args.cpu)
-                    for name, st in probe.program_stats().items():
-                        acc = prog.setdefault(name, [0, 0])
-                        acc[0] += st.get("run_time_ns", 0)
-                        acc[1] += st.get("run_cnt", 0)
-                    probe.stop()
+                    for label, hook in (("untracked", None),
+                                        ("tracked", lambda a, b, p=None: None)):
+                        probe = BccSchedProbe()
+                        probe.start(CountSink())
+                        probe.track(sleeper.pid)
+                        on_ready = None
+                        if hook is not None:
+                            on_ready = (lambda pr: lambda a, b: (pr.track(a), pr.track(b)))(probe)
+                        run_pingpong(exe, args.rounds, args.cpu, on_ready)
+                        for name, st in probe.program_stats().items():
+                            acc = prog.setdefault((label, name), [0, 0])
+                            acc[0] += st.get("run_time_ns", 0)
+                            acc[1] += st.get("run_cnt", 0)
+                        probe.stop()
                 finally:
                     with open(stats_path, "w") as f:
                         f.write(stats_was)
@@ -175,16 +180,19 @@ def main():
             continue
         med = statistics.median(vals)
         d = statistics.median(deltas[mode]) if mode in deltas else 0.0
-        print(f"{mode:16} {med:10.0f} {med / base:9.3f} {d:20.0f}")
+        spread = (f"  paired deltas min..max {min(deltas[mode]):.0f}..{max(deltas[mode]):.0f}"
+                  if mode in deltas else "")
+        print(f"{mode:16} {med:10.0f} {med / base:9.3f} {d:20.0f}{spread}")
     cpu_ns = sum(r[0] for r in reader)
     recs = sum(r[1] for r in reader)
     wall = sum(r[2] for r in reader)
     print(f"bcc reader during bcc-tracked: {recs} records, {recs / wall * 1e9:,.0f} records/s, "
           f"{cpu_ns / max(recs, 1):.0f} ns CPU/record, reader CPU share "
           f"{cpu_ns / wall * 100:.1f}% of one core, losses {sum(r[3] for r in reader)}")
-    for name, (t, n) in sorted(prog.items()):
-        if n:
-            print(f"bpf program {name}: {n} runs, {t / n:.0f} ns per run (kernel bpf_stats, all tasks)")
+    for (label, name), (t, n) in sorted(prog.items()):
+        if n and name in ("sched_switch", "sched_wakeup", "sched_migrate_task"):
+            print(f"bpf program {name:18} ping-pong {label:9}: {n:8d} runs, "
+                  f"{t / n:4.0f} ns per run (kernel bpf_stats; all switches of the host)")
     per = decode_ceiling()
     print(f"bcc reader decode ceiling (synthetic, 4096-record batches): {per:.0f} ns/record "
           f"= {1e9 / per:,.0f} records/s on one core")

@@ -195,8 +195,9 @@ class BccSchedProbe(Probe):
         import ctypes as ct
         pid = int(pid)
         self._tracked.discard(pid)
-        for key in [k for k in self._verify_base if k[0] == pid]:
-            del self._verify_base[key]
+        with self._lock:
+            for key in [k for k in self._verify_base if k[0] == pid]:
+                del self._verify_base[key]
         if self._bpf is None:
             return
         try:
@@ -376,6 +377,10 @@ class BccSchedProbe(Probe):
         CPU); nvcsw/nivcsw in /proc status count every switch. A deficit
         is written as a loss and kept per thread in status()["unseen"].
         Returns the switch-outs found missing in this pass."""
+        with self._lock:
+            return self._verify()
+
+    def _verify(self):
         import ctypes as ct
         self._last_verify = time.monotonic()
         if self._bpf is None:
