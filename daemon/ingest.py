@@ -306,6 +306,9 @@ class Ingest:
                 run = RunState(self._next_run_id, token, conn.pid, first_seq)
                 self._next_run_id += 1
                 self._insert_run(run, conn, info, now)
+                if first_seq > 0:  # records the client made before it could connect
+                    self._loss(run, first_seq, _int(info.get("monotonic_ns")) or sent_ns,
+                               sent_ns, "client_disconnected")
             else:
                 if first_seq > run.expected_seq:
                     reason = ("client_disconnected" if run.connected is False

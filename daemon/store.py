@@ -115,47 +115,92 @@ class Store:
             self.flush()
 
     def flush(self):
-        """Write everything queued so far in one transaction."""
+        """Write everything queued so far, in one transaction if possible.
+
+        If the transaction fails, each table's batch is retried on its own so
+        that one bad batch (or a full disk) loses only what cannot be
+        written; what is lost is recorded in `losses` with the reason."""
         with self._flush_lock:
             with self._lock:
                 tables, self._tables = self._tables, {}
                 statements, self._statements = self._statements, []
             if not tables and not statements:
                 return 0
-            rows = 0
+            merged = {t: (pa.concat_tables(bs, promote_options="default")
+                          if len(bs) > 1 else bs[0]) for t, bs in tables.items()}
             cur = self.con.cursor()
             try:
-                cur.execute("BEGIN TRANSACTION")
-                for statement, params in statements:
-                    cur.execute(statement, params or [])
-                for table, batches in tables.items():
-                    data = pa.concat_tables(batches, promote_options="default") \
-                        if len(batches) > 1 else batches[0]
-                    cur.register("_batch", data)
-                    cur.execute(f'INSERT INTO "{table}" BY NAME SELECT * FROM _batch')
-                    cur.unregister("_batch")
-                    rows += data.num_rows
-                cur.execute("COMMIT")
-            except Exception as exc:  # disk full, bad batch, ...: keep running
                 try:
-                    cur.execute("ROLLBACK")
-                except Exception:
-                    pass
-                lost = sum(b.num_rows for bs in tables.values() for b in bs)
-                self.rows_lost += lost
-                self.last_error = f"{type(exc).__name__}: {exc}"
-                log.error("could not write %d rows (%s); recorded as a loss",
-                          lost, self.last_error)
-                now = time.monotonic_ns()
-                self.sql("INSERT INTO losses (run_id, probe, start_ns, end_ns, count, reason) "
-                         "VALUES (NULL, 'store', ?, ?, ?, ?)",
-                         [now, now, lost, ("store_error: " + self.last_error)[:500]])
-                return 0
+                    rows = self._write(cur, statements, merged)
+                except Exception as exc:
+                    self._rollback(cur)
+                    log.warning("batch write failed (%s); retrying table by table", exc)
+                    rows = self._write_separately(cur, statements, merged)
             finally:
                 cur.close()
             self.rows_written += rows
             self.flushes += 1
             return rows
+
+    @staticmethod
+    def _rollback(cur):
+        try:
+            cur.execute("ROLLBACK")
+        except Exception:
+            pass
+
+    def _write(self, cur, statements, merged):
+        cur.execute("BEGIN TRANSACTION")
+        for statement, params in statements:
+            cur.execute(statement, params or [])
+        rows = 0
+        for table, data in merged.items():
+            self._insert(cur, table, data)
+            rows += data.num_rows
+        cur.execute("COMMIT")
+        return rows
+
+    @staticmethod
+    def _insert(cur, table, data):
+        cur.register("_batch", data)
+        try:
+            cur.execute(f'INSERT INTO "{table}" BY NAME SELECT * FROM _batch')
+        finally:
+            cur.unregister("_batch")
+
+    def _write_separately(self, cur, statements, merged):
+        rows = 0
+        parts = [("statements", statements, None)] + \
+                [(table, None, data) for table, data in merged.items()]
+        for name, stmts, data in parts:
+            try:
+                cur.execute("BEGIN TRANSACTION")
+                if stmts is not None:
+                    for statement, params in stmts:
+                        cur.execute(statement, params or [])
+                else:
+                    self._insert(cur, name, data)
+                cur.execute("COMMIT")
+                rows += data.num_rows if data is not None else 0
+            except Exception as exc:
+                self._rollback(cur)
+                lost = data.num_rows if data is not None else len(stmts)
+                self._record_loss(cur, name, lost, exc)
+        return rows
+
+    def _record_loss(self, cur, table, lost, exc):
+        self.rows_lost += lost
+        self.last_error = f"{type(exc).__name__}: {exc}"
+        log.error("could not write %d rows of %s (%s); recorded as a loss",
+                  lost, table, self.last_error)
+        now = time.monotonic_ns()
+        params = [now, now, lost, f"store_error({table}): {self.last_error}"[:500]]
+        sql = ("INSERT INTO losses (run_id, probe, start_ns, end_ns, count, reason) "
+               "VALUES (NULL, 'store', ?, ?, ?, ?)")
+        try:
+            cur.execute(sql, params)
+        except Exception:
+            self.sql(sql, params)  # the disk may be full: try again next flush
 
     def close(self):
         """Stop the writer, write what is left, close the file."""
