@@ -52,15 +52,18 @@ def apply_schema(con):
 class Store:
     """The daemon's one writable connection to the database file."""
 
-    def __init__(self, path, flush_interval_s=0.2):
+    def __init__(self, path, flush_interval_s=0.2, memory_limit="128MB"):
         self.path = str(path)
         parent = os.path.dirname(os.path.abspath(self.path))
         os.makedirs(parent, exist_ok=True)
-        self.con = duckdb.connect(self.path)
+        # DuckDB's buffer pool defaults to 80% of RAM; a tracing daemon on a
+        # serving host must stay small (measured in bench/ingest_throughput.py).
+        self.con = duckdb.connect(self.path, config={"memory_limit": memory_limit})
         apply_schema(self.con)
         self.flush_interval_s = flush_interval_s
         self._lock = threading.Lock()
         self._tables = {}       # table -> list of pa.Table waiting
+        self.pending_rows = 0   # rows queued and not yet written
         self._statements = []   # (sql, params) waiting, in order
         self._listeners = []
         self._stop = threading.Event()
@@ -79,6 +82,7 @@ class Store:
             return
         with self._lock:
             self._tables.setdefault(table, []).append(batch)
+            self.pending_rows += batch.num_rows
         for listener in self._listeners:
             try:
                 listener(table, batch)
@@ -126,6 +130,7 @@ class Store:
                 statements, self._statements = self._statements, []
             if not tables and not statements:
                 return 0
+            queued = sum(b.num_rows for bs in tables.values() for b in bs)
             merged = {t: (pa.concat_tables(bs, promote_options="default")
                           if len(bs) > 1 else bs[0]) for t, bs in tables.items()}
             cur = self.con.cursor()
@@ -138,6 +143,8 @@ class Store:
                     rows = self._write_separately(cur, statements, merged)
             finally:
                 cur.close()
+            with self._lock:
+                self.pending_rows -= queued
             self.rows_written += rows
             self.flushes += 1
             return rows
