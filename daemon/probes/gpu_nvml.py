@@ -24,8 +24,6 @@ import threading
 import time
 from collections import deque
 
-import pyarrow as pa
-
 from .base import Probe, ProbeSettings
 
 log = logging.getLogger("stallscope.probes.gpu")
@@ -44,16 +42,10 @@ CANDIDATE_CLOCKS = (("realtime", time.CLOCK_REALTIME),
                     ("boottime", getattr(time, "CLOCK_BOOTTIME", 7)),
                     ("monotonic", time.CLOCK_MONOTONIC))
 
-SAMPLE_SCHEMA = pa.schema([
-    ("gpu", pa.int32()), ("ts_ns", pa.int64()),
-    ("sm_clock_mhz", pa.int32()), ("mem_clock_mhz", pa.int32()),
-    ("power_mw", pa.int32()), ("temp_c", pa.int32()), ("util_pct", pa.int32()),
-    ("clock_event_reasons", pa.uint64()), ("graphics_clock_mhz", pa.int32()),
-    ("mem_util_pct", pa.int32()), ("power_source", pa.string()),
-    ("source", pa.string()), ("raw_ts_us", pa.uint64()), ("read_ns", pa.int64()),
-    ("sync_err_ns", pa.int64()),
-])
-_COLS = SAMPLE_SCHEMA.names
+# nvml_samples columns this probe writes (daemon/schema/030_gpu.sql has the types)
+_COLS = ("gpu", "ts_ns", "sm_clock_mhz", "mem_clock_mhz", "power_mw", "temp_c", "util_pct",
+         "clock_event_reasons", "graphics_clock_mhz", "mem_util_pct", "power_source",
+         "source", "raw_ts_us", "read_ns", "sync_err_ns")
 
 
 def _version_tuple(text):
@@ -542,10 +534,8 @@ class NvmlGpuProbe(Probe):
                      "lower_ns": int(lower), "upper_ns": upper, "observations": len(self._obs)}
         self.counters["syncs"] += 1
         self.sink.append("nvml_clock_sync", {
-            "ts_ns": pa.array([now], pa.int64()), "clock": pa.array([clock], pa.string()),
-            "offset_ns": pa.array([offset], pa.int64()), "err_ns": pa.array([err], pa.int64()),
-            "lower_ns": pa.array([lower], pa.int64()), "upper_ns": pa.array([upper], pa.int64()),
-            "observations": pa.array([len(self._obs)], pa.int32())})
+            "ts_ns": [now], "clock": [clock], "offset_ns": [int(offset)], "err_ns": [err],
+            "lower_ns": [int(lower)], "upper_ns": [upper], "observations": [len(self._obs)]})
         return self.sync
 
     # ----- output ---------------------------------------------------------------------
@@ -565,19 +555,18 @@ class NvmlGpuProbe(Probe):
             self._pending_buffer.clear()
         if not self._rows["gpu"]:
             return
-        table = pa.Table.from_arrays(
-            [pa.array(self._rows[f.name], f.type) for f in SAMPLE_SCHEMA], schema=SAMPLE_SCHEMA)
-        self._rows = {c: [] for c in _COLS}
-        self.sink.append("nvml_samples", table)
+        # plain lists (the store makes Arrow of them; all-NULL columns are
+        # cast by INSERT ... BY NAME), so this module needs nothing but pynvml
+        batch, self._rows = self._rows, {c: [] for c in _COLS}
+        self.sink.append("nvml_samples", batch)
 
     def _status(self, state, detail):
         if self.sink is None:
             return
         log.info("gpu probe %s: %s", state, detail)
         self.sink.append("probe_status", {
-            "ts_ns": pa.array([time.monotonic_ns()], pa.int64()),
-            "probe": pa.array([self.name]), "backend": pa.array([self.backend]),
-            "state": pa.array([state]), "detail": pa.array([detail])})
+            "ts_ns": [time.monotonic_ns()], "probe": [self.name], "backend": [self.backend],
+            "state": [state], "detail": [detail]})
 
 
 def _raiser(exc):
