@@ -184,7 +184,7 @@ class NvmlGpuProbe(Probe):
         self._last_sync_ns = 0
         self.counters = {"polls": 0, "rows": 0, "buffer_rows": 0, "field_errors": 0,
                          "late_ticks": 0, "lost_events": 0, "recoveries": 0,
-                         "buffer_overruns": 0, "syncs": 0}
+                         "buffer_overruns": 0, "syncs": 0, "tick_errors": 0}
 
     # ----- availability --------------------------------------------------------
     @classmethod
@@ -286,7 +286,10 @@ class NvmlGpuProbe(Probe):
                 with self._lock:
                     self.tick()
             except Exception:  # the poller must survive anything NVML does
-                log.exception("GPU poll failed; continuing")
+                self.counters["tick_errors"] += 1
+                if self.counters["tick_errors"] in (1, 10) or self.counters["tick_errors"] % 1000 == 0:
+                    log.exception("GPU poll failed (%d so far); continuing",
+                                  self.counters["tick_errors"])
             deadline += period_ns
             now = time.monotonic_ns()
             if now > deadline:   # fell behind (load, slow driver): skip, don't burst

@@ -310,3 +310,27 @@ def test_reason_decoder_agrees_with_sql(store):
     for mask, names, slow in got:
         assert names == decode_clock_event_reasons(mask), mask
         assert slow == is_slowdown(mask), mask
+
+
+def test_gpu_check_script_runs_against_the_fake(tmp_path, monkeypatch):
+    import json
+    monkeypatch.setattr(pynvml, "nvmlLib", pynvml.nvmlLib)     # restored afterwards
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+    import gpu_check
+    out = tmp_path / "gpu_check.json"
+    try:
+        assert gpu_check.main(["--fake", "--quick", "--out", str(out)]) == 0
+    finally:
+        pynvml._nvmlGetFunctionPointer_cache.clear()
+    res = json.loads(out.read_text())
+    assert res["gpu0"] == "NVIDIA H200" and res["fake"] is True
+    lat = res["call_latency"]
+    assert {"nvmlDeviceGetClockInfo(SM)", "nvmlDeviceGetCurrentClocksEventReasons",
+            "nvmlDeviceGetFieldValues(POWER_INSTANT)"} <= set(lat)
+    assert all(v["errors"] == 0 and v["n"] > 0 for v in lat.values())
+    assert res["buffers"]["processor_clock"]["period_us_median"] == 20_000
+    assert res["buffers"]["processor_clock"]["depth"] == 100
+    assert res["calibration"]["sync"]["clock"] == "realtime"
+    assert res["field_timestamp_clock"]["matches"] == ["realtime"]
+    assert res["poll_rate"]["default"]["achieved_hz"] > 0
+    assert res["matmul"]["run"] is False and "not run" in res["matmul"]["why"]
