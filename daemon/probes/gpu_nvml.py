@@ -481,8 +481,11 @@ class NvmlGpuProbe(Probe):
                 if last and period and stamps[0] - last > 2.5 * period:
                     missed = int((stamps[0] - last) / period) - 1
                     self.counters["buffer_overruns"] += 1
-                    self.sink.loss("gpu", _none_or(self._to_mono(last)), _none_or(self._to_mono(stamps[0])),
-                                   missed, f"gpu{g.index}_{column}_buffer_overrun")
+                    start, end = self._to_mono(last), self._to_mono(stamps[0])
+                    if start is None:          # not calibrated yet: the read's own time
+                        start = end = t0
+                    self.sink.loss("gpu", int(start), int(end), missed,
+                                   f"gpu{g.index}_{column}_buffer_overrun")
                 g.last_seen_us[stype] = stamps[-1]
                 self._obs.append((t0, t1, stamps[-1] * 1000, period * 1000 if period else None))
                 for ts, value in fresh:
@@ -576,10 +579,6 @@ def _raiser(exc):
     def fn():
         raise exc
     return fn
-
-
-def _none_or(value):
-    return None if value is None else int(value)
 
 
 def _field_value(nv, v):

@@ -18,21 +18,10 @@ sys.path.insert(0, str(Path(__file__).parent))
 import fake_nvml  # noqa: E402
 
 from stallscope.probes import gpu_nvml  # noqa: E402
-from stallscope.probes.base import ProbeSettings, Sink  # noqa: E402
+from stallscope.probes.base import ProbeSettings  # noqa: E402
 from stallscope.probes.gpu_reasons import decode_clock_event_reasons, is_slowdown  # noqa: E402
+from stallscope.server import StoreSink  # noqa: E402  (the daemon's own sink)
 from stallscope.store import Store  # noqa: E402
-
-
-class StoreSink(Sink):
-    def __init__(self, store):
-        self.store = store
-
-    def append(self, table, columns):
-        self.store.append(table, columns)
-
-    def loss(self, probe, start_ns, end_ns, count, reason):
-        self.store.append("losses", {"probe": [probe], "start_ns": [start_ns],
-                                     "end_ns": [end_ns], "count": [count], "reason": [reason]})
 
 
 @pytest.fixture
