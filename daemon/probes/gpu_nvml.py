@@ -255,7 +255,13 @@ class NvmlGpuProbe(Probe):
         if self._thread is not None:
             self._thread.join(timeout=5.0)
             self._thread = None
-        with self._lock:
+        # a poll stuck inside the driver keeps the lock: give up on it
+        # rather than hang the daemon's shutdown
+        if not self._lock.acquire(timeout=5.0):
+            log.warning("GPU poller stuck in an NVML call; stopping without a final flush")
+            self._open = False
+            return
+        try:
             self.flush()
             self._open = False
             self._status("stopped", f"{self.counters['rows']} poll rows, "
@@ -264,6 +270,8 @@ class NvmlGpuProbe(Probe):
                 self.nv.nvmlShutdown()
             except self.nv.NVMLError:
                 pass
+        finally:
+            self._lock.release()
 
     def status(self):
         out = {"backend": self.backend, "poll_hz": self.poll_hz,
@@ -478,7 +486,11 @@ class NvmlGpuProbe(Probe):
                     g.depth[stype] = len(samples)
                     self._fit_buffer_poll(g, stype)
                 period = g.period_us.get(stype)
-                if last and period and stamps[0] - last > 2.5 * period:
+                # an overrun is a full buffer that starts after where we left
+                # off; a gap in a partly filled buffer is the driver not
+                # sampling (it may skip while idle), not a loss
+                full = len(samples) >= g.depth.get(stype, float("inf"))
+                if last and period and full and stamps[0] - last > 1.5 * period:
                     missed = int((stamps[0] - last) / period) - 1
                     self.counters["buffer_overruns"] += 1
                     start, end = self._to_mono(last), self._to_mono(stamps[0])

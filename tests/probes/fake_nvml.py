@@ -54,6 +54,8 @@ class FakeNvml:
             lambda: time.clock_gettime_ns(time.CLOCK_REALTIME) // 1000)
         # (start_us, end_us, sm_mhz) on the driver clock: the buffer's clock history
         self.clock_episodes = []
+        # (start_us, end_us) on the driver clock where the driver took no sample
+        self.sample_gaps = []
         self.calls = {}
         self.missing = set()            # C symbols this "driver" does not export
         self._lock = threading.Lock()
@@ -181,7 +183,8 @@ class FakeNvml:
         now_us = self.driver_clock_us()
         newest = now_us - now_us % self.period_us
         stamps = [newest - k * self.period_us for k in range(self.depth)][::-1]
-        stamps = [t for t in stamps if t > last_us.value]
+        stamps = [t for t in stamps if t > last_us.value
+                  and not any(a <= t < b for a, b in self.sample_gaps)]
         if not stamps:
             return NOT_FOUND
         _out(vtype).value = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT

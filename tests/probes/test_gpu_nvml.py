@@ -233,6 +233,24 @@ def test_buffer_overrun_is_a_loss(store):
     assert probe.counters["buffer_overruns"] >= 1
 
 
+def test_a_gap_in_a_partly_filled_buffer_is_not_a_loss(fake, store):
+    probe = make_probe(store)
+    now_us = fake.driver_clock_us()
+    now_us -= now_us % fake.period_us
+    # the driver took no sample for 300 ms (idle) right after our last read
+    fake.sample_gaps = [(now_us - 600_000, now_us - 300_000)]
+    for g in probe.gpus:
+        for stype in g.last_seen_us:
+            g.last_seen_us[stype] = now_us - 620_000
+    probe.read_buffers()
+    probe.flush()
+    assert probe.counters["buffer_overruns"] == 0
+    assert rows(store, "SELECT count(*) FROM losses") == [(0,)]
+    n = rows(store, "SELECT count(*) FROM nvml_samples WHERE source='buffer' AND gpu=0 "
+                    "AND sm_clock_mhz IS NOT NULL AND raw_ts_us > ?", [now_us - 620_000])
+    assert n[0][0] >= 16          # now-300 ms .. now, none from the gap
+
+
 def test_poller_thread_runs_and_stops(fake, store):
     probe = gpu_nvml.NvmlGpuProbe(ProbeSettings(gpu_poll_hz=40, gpus=(1,)))
     probe.start(StoreSink(store))
