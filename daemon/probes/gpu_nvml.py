@@ -237,7 +237,7 @@ class NvmlGpuProbe(Probe):
         self._open = True
         self._last_flush_ns = now
         if self.read_buffers_enabled:
-            self.read_buffers(first=True)
+            self.read_buffers()
             self.calibrate()
         self._status("active", f"nvml, {len(self.gpus)} GPU(s) {indices}, "
                      f"{self.poll_hz:g} Hz, buffers every {self.buffer_poll_s:g} s")
@@ -448,7 +448,7 @@ class NvmlGpuProbe(Probe):
         return self._call(g, "reasons", nv.nvmlDeviceGetCurrentClocksThrottleReasons, g.handle)
 
     # ----- driver sample buffers ---------------------------------------------------
-    def read_buffers(self, first=False):
+    def read_buffers(self):
         """Drain new samples from each GPU's driver buffers."""
         self._last_buffer_ns = time.monotonic_ns()
         nv = self.nv

@@ -341,3 +341,24 @@ def test_gpu_check_script_runs_against_the_fake(tmp_path, monkeypatch):
     assert res["field_timestamp_clock"]["matches"] == ["realtime"]
     assert res["poll_rate"]["default"]["achieved_hz"] > 0
     assert res["matmul"]["run"] is False and "not run" in res["matmul"]["why"]
+
+
+def test_daemon_selects_and_runs_the_probe(fake, tmp_path):
+    import duckdb
+    from stallscope.server import Daemon
+    d = Daemon(str(tmp_path / "probe.sock"), str(tmp_path / "d.duckdb"), sched_backend="none",
+               settings=ProbeSettings(gpu_poll_hz=40))
+    try:
+        assert d.active_probes() == ["gpu=nvml"]
+        gpu = d.probes[0]
+        deadline = time.monotonic() + 10
+        while gpu.counters["polls"] < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        d.shutdown()
+    con = duckdb.connect(str(tmp_path / "d.duckdb"), read_only=True)
+    assert con.execute("SELECT count(*) >= 6 FROM nvml_samples WHERE source='poll'").fetchone() == (True,)
+    assert con.execute("SELECT count(*) > 0 FROM nvml_samples WHERE source='buffer'").fetchone() == (True,)
+    assert con.execute("SELECT clock FROM nvml_clock_sync LIMIT 1").fetchone() == ("realtime",)
+    states = con.execute("SELECT state FROM probe_status WHERE probe='gpu' ORDER BY ts_ns").fetchall()
+    assert states[-1] == ("stopped",) and ("active",) in states
