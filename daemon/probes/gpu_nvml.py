@@ -225,7 +225,11 @@ class NvmlGpuProbe(Probe):
         except nv.NVMLError as exc:
             raise RuntimeError(init_problem(nv, exc)) from None
         self.nv, self.sink = nv, sink
-        count = nv.nvmlDeviceGetCount()
+        try:
+            count = nv.nvmlDeviceGetCount()
+        except nv.NVMLError as exc:
+            raise RuntimeError(f"NVML cannot count GPUs ({exc}); the GPU probe is off, "
+                               "the daemon runs on") from None
         indices = [int(i) for i in (self.settings.gpus or range(count))]
         self.gpus = [_Gpu(i) for i in indices]
         now = time.monotonic_ns()
@@ -311,7 +315,10 @@ class NvmlGpuProbe(Probe):
         now = time.monotonic_ns()
         if self.read_buffers_enabled and now - self._last_buffer_ns >= self.buffer_poll_s * 1e9:
             self.read_buffers()
-        if self.read_buffers_enabled and now - self._last_sync_ns >= self.sync_s * 1e9:
+        # recalibrate after 0.5, 1, 2, 4 ... s, then every sync_s: the first
+        # seconds' reads narrow the envelope quickly
+        sync_every_s = min(self.sync_s, 0.5 * 2 ** self.counters["syncs"])
+        if self.read_buffers_enabled and now - self._last_sync_ns >= sync_every_s * 1e9:
             self.calibrate()
         if now - self._last_flush_ns >= self.batch_s * 1e9:
             self.flush()
