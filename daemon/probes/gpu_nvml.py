@@ -486,9 +486,9 @@ class NvmlGpuProbe(Probe):
                     continue
                 stamps = [ts for ts, _ in fresh]
                 if len(stamps) > 1:
-                    period = statistics.median(b - a for a, b in zip(stamps, stamps[1:]))
+                    period = round(statistics.median(b - a for a, b in zip(stamps, stamps[1:])))
                     if period > 0:
-                        g.period_us[stype] = period
+                        g.period_us[stype] = int(period)
                 if last == 0:
                     g.depth[stype] = len(samples)
                     self._fit_buffer_poll(g, stype)
@@ -555,12 +555,16 @@ class NvmlGpuProbe(Probe):
             # no period known (or the driver publishes late): never place a
             # sample after the read that returned it
             clock, offset, err = "envelope", lower, None
-        self.sync = {"clock": clock, "offset_ns": int(offset), "err_ns": err,
-                     "lower_ns": int(lower), "upper_ns": upper, "observations": len(self._obs)}
+        # integers throughout: the store's batches must keep one column type
+        offset, lower = int(offset), int(lower)
+        err = None if err is None else int(err)
+        upper = None if upper is None else int(upper)
+        self.sync = {"clock": clock, "offset_ns": offset, "err_ns": err,
+                     "lower_ns": lower, "upper_ns": upper, "observations": len(self._obs)}
         self.counters["syncs"] += 1
         self.sink.append("nvml_clock_sync", {
-            "ts_ns": [now], "clock": [clock], "offset_ns": [int(offset)], "err_ns": [err],
-            "lower_ns": [int(lower)], "upper_ns": [upper], "observations": [len(self._obs)]})
+            "ts_ns": [now], "clock": [clock], "offset_ns": [offset], "err_ns": [err],
+            "lower_ns": [lower], "upper_ns": [upper], "observations": [len(self._obs)]})
         return self.sync
 
     # ----- output ---------------------------------------------------------------------

@@ -26,7 +26,7 @@ from stallscope.store import Store  # noqa: E402
 
 @pytest.fixture
 def fake():
-    f = fake_nvml.FakeNvml(gpus=2)
+    f = fake_nvml.FakeNvml(gpus=2, depth=101)   # 100 gaps: an even count
     undo = fake_nvml.install(f)
     yield f
     undo()
@@ -214,6 +214,9 @@ def test_calibration_identifies_a_realtime_driver_clock(fake, store):
     assert sync["clock"] == "realtime"
     assert abs(sync["offset_ns"] - real) < 5_000_000    # both measured on this host
     assert sync["lower_ns"] - 50_000_000 <= sync["offset_ns"] <= sync["upper_ns"] + 50_000_000
+    # integers only: a float here once made the store's batches disagree on a column type
+    assert all(type(sync[k]) is int for k in ("offset_ns", "err_ns", "lower_ns", "upper_ns"))
+    assert all(type(p) is int for g in probe.gpus for p in g.period_us.values())
 
 
 def test_buffer_overrun_is_a_loss(store):
