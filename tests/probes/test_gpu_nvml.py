@@ -365,3 +365,29 @@ def test_daemon_selects_and_runs_the_probe(fake, tmp_path):
     assert con.execute("SELECT clock FROM nvml_clock_sync LIMIT 1").fetchone() == ("realtime",)
     states = con.execute("SELECT state FROM probe_status WHERE probe='gpu' ORDER BY ts_ns").fetchall()
     assert states[-1] == ("stopped",) and ("active",) in states
+
+
+def test_step_gpu_clock_view(store):
+    ms = 1_000_000
+    store.append("spans", {"run_id": [1, 1, 1], "tid": [7, 7, 7], "kind": ["step"] * 3,
+                           "stage": ["recurrent"] * 3, "batch": [8] * 3,
+                           "start_ns": [1000 * ms, 1010 * ms, 5000 * ms],
+                           "end_ns": [1004 * ms, 1013 * ms, 5003 * ms]})
+    # poll samples at 10 Hz: full clock, then a power-cap at 1000 ms
+    store.append("nvml_samples", {
+        "gpu": [0, 0], "ts_ns": [900 * ms, 1000 * ms + 1], "source": ["poll", "poll"],
+        "sm_clock_mhz": [1980, 1410], "clock_event_reasons": [0, 0x4]})
+    # driver-buffer samples every 20 ms: a dip to 1095 MHz at 1011 ms only
+    store.append("nvml_samples", {
+        "gpu": [0, 0, 0], "ts_ns": [990 * ms, 1002 * ms, 1011 * ms], "source": ["buffer"] * 3,
+        "sm_clock_mhz": [1980, 1980, 1095]})
+    got = rows(store, "SELECT start_ns // 1000000, gpu, min_sm_clock_mhz, max_sm_clock_mhz, "
+                      "clock_event_reasons, reason_names, slowdown, samples_inside, lead_ns "
+                      "FROM gpu_step_clock ORDER BY start_ns")
+    assert got == [
+        # in force at start: poll 1980 (100 ms old), buffer 1980 (10 ms old);
+        # inside: poll 1410 with sw_power_cap, buffer 1980
+        (1000, 0, 1410, 1980, 4, ["sw_power_cap"], True, 2, 10 * ms),
+        # in force: poll 1410 + cap (since 1000 ms), buffer 1980 (1002 ms); inside: the dip
+        (1010, 0, 1095, 1980, 4, ["sw_power_cap"], True, 1, 8 * ms),
+    ]   # the step at 5000 ms has no sample within 250 ms: no row
