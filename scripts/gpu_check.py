@@ -19,7 +19,6 @@ import platform
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -267,7 +266,7 @@ def main(argv=None):
     if reason:
         print(f"gpu_check: GPU probe unavailable: {reason}")
         return 2
-    import pynvml as nv
+    nv, _ = gpu_nvml._load_bindings()    # the probe module is the one that imports pynvml
     nv.nvmlInit()
     h = nv.nvmlDeviceGetHandleByIndex(0)
     from importlib import metadata
