@@ -206,7 +206,48 @@ def poll_rates(gpu_nvml, ProbeSettings, flat_s, default_s):
                                           "late_ticks": late, "rows": sink.rows.get("nvml_samples", 0)}}
 
 
-def matmul_effect(gpu_nvml, ProbeSettings, block_s, blocks):
+class SamplerProcess:
+    """The probe at `hz` in a separate process, as the daemon runs it (no GIL shared)."""
+
+    def __init__(self, hz, fake=False):
+        import subprocess
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--sampler", str(hz)]
+        if fake:
+            cmd.append("--fake")
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        line = self.proc.stdout.readline()
+        if line.strip() != "ready":
+            raise RuntimeError(f"sampler process did not start: {line!r}")
+
+    def stop(self):
+        self.proc.stdin.close()
+        out = self.proc.stdout.read()
+        self.proc.wait(timeout=30)
+        return json.loads(out.strip().splitlines()[-1])
+
+
+def run_sampler(hz, fake):
+    """--sampler mode: run the probe until stdin closes, then print its counters."""
+    gpu_nvml, ProbeSettings, _ = import_stallscope()
+    if fake:
+        sys.path.insert(0, str(ROOT / "tests" / "probes"))
+        import fake_nvml
+        fake_nvml.install(fake_nvml.FakeNvml(gpus=1))
+    probe = gpu_nvml.NvmlGpuProbe(ProbeSettings(gpu_poll_hz=hz))
+    sink = CountSink()
+    probe.start(sink)
+    t0 = time.monotonic()
+    print("ready", flush=True)
+    sys.stdin.read()
+    elapsed = time.monotonic() - t0
+    probe.stop()
+    print(json.dumps({"polls": probe.counters["polls"], "seconds": elapsed,
+                      "rows": sink.rows.get("nvml_samples", 0),
+                      "late_ticks": probe.counters["late_ticks"]}), flush=True)
+    return 0
+
+
+def matmul_effect(gpu_nvml, block_s, blocks, fake=False):
     try:
         import torch
     except ImportError:
@@ -214,39 +255,49 @@ def matmul_effect(gpu_nvml, ProbeSettings, block_s, blocks):
     if not torch.cuda.is_available():
         return {"run": False, "why": "torch.cuda is not available: matmul check not run"}
     dev = torch.device("cuda:0")
-    a = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16)
-    b = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16)
+    big = [torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16) for _ in range(2)]
+    small = [torch.randn(512, 512, device=dev, dtype=torch.bfloat16) for _ in range(2)]
+    loops = {
+        # compute-bound: few long kernels
+        "big": ("4 x bf16 matmul 8192^3 + synchronize", big, 4),
+        # launch-bound, like a serving engine's small decode steps: the
+        # driver's locks are on this path
+        "small": ("200 x bf16 matmul 512^3 + synchronize", small, 200),
+    }
 
-    def steps(seconds):
+    def steps(a, b, n, seconds):
         out = []
         t_end = time.monotonic() + seconds
         while time.monotonic() < t_end:
             t0 = time.perf_counter_ns()
-            for _ in range(4):
+            for _ in range(n):
                 torch.matmul(a, b)
             torch.cuda.synchronize()
             out.append((time.perf_counter_ns() - t0) / 1e6)
         return out
 
-    steps(2.0)  # warm up clocks and cuBLAS
-    conditions = {"off": [], "on_10hz": [], f"on_{gpu_nvml.MAX_POLL_HZ:g}hz": []}
-    order = ["off", "on_10hz", "off", f"on_{gpu_nvml.MAX_POLL_HZ:g}hz"] * blocks
-    for cond in order:
-        probe = None
-        if cond != "off":
-            hz = 10.0 if cond == "on_10hz" else gpu_nvml.MAX_POLL_HZ
-            probe = gpu_nvml.NvmlGpuProbe(ProbeSettings(gpu_poll_hz=hz))
-            probe.start(CountSink())
-        conditions[cond].extend(steps(block_s))
-        if probe:
-            probe.stop()
-    res = {"run": True, "device": torch.cuda.get_device_name(0),
-           "step": "4 x bf16 matmul 8192^3 + synchronize", "block_s": block_s}
-    base = statistics.median(conditions["off"])
-    for cond, vals in conditions.items():
-        res[cond] = {"steps": len(vals), "median_ms": statistics.median(vals),
-                     "p99_ms": pct(vals, 0.99), "max_ms": max(vals),
-                     "median_vs_off": statistics.median(vals) / base}
+    hi = f"on_{gpu_nvml.MAX_POLL_HZ:g}hz"
+    res = {"run": True, "device": torch.cuda.get_device_name(0), "block_s": block_s,
+           "sampler": "separate process (as the daemon), interleaved blocks"}
+    for loop, (label, (a, b), n) in loops.items():
+        steps(a, b, n, 1.5)  # warm up clocks and cuBLAS
+        conditions = {"off": [], "on_10hz": [], hi: []}
+        for cond in ["off", "on_10hz", "off", hi] * blocks:
+            sampler = None
+            if cond != "off":
+                sampler = SamplerProcess(10.0 if cond == "on_10hz" else gpu_nvml.MAX_POLL_HZ, fake)
+            conditions[cond].extend(steps(a, b, n, block_s))
+            if sampler:
+                stats = sampler.stop()
+                res.setdefault(f"{loop}_sampler_hz_{cond}", []).append(
+                    stats["polls"] / stats["seconds"])
+        base = statistics.median(conditions["off"])
+        res[loop] = {"step": label}
+        for cond, vals in conditions.items():
+            res[loop][cond] = {"steps": len(vals), "median_ms": statistics.median(vals),
+                               "p99_ms": pct(vals, 0.99), "max_ms": max(vals),
+                               "median_vs_off": statistics.median(vals) / base,
+                               "p99_vs_off": pct(vals, 0.99) / pct(conditions["off"], 0.99)}
     return res
 
 
@@ -255,7 +306,10 @@ def main(argv=None):
     ap.add_argument("--fake", action="store_true", help="use tests/probes/fake_nvml (no GPU)")
     ap.add_argument("--out", default=None, help="write JSON figures here")
     ap.add_argument("--quick", action="store_true", help="shorter phases (script checks)")
+    ap.add_argument("--sampler", type=float, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.sampler is not None:
+        return run_sampler(args.sampler, args.fake)
     gpu_nvml, ProbeSettings, _ = import_stallscope()
     if args.fake:
         sys.path.insert(0, str(ROOT / "tests" / "probes"))
@@ -282,7 +336,7 @@ def main(argv=None):
     nv.nvmlShutdown()
     res["calibration"] = calibration(gpu_nvml, ProbeSettings, 5.0 * q)
     res["poll_rate"] = poll_rates(gpu_nvml, ProbeSettings, 3.0 * q, 5.0 * q)
-    res["matmul"] = matmul_effect(gpu_nvml, ProbeSettings, 5.0 * q, 3)
+    res["matmul"] = matmul_effect(gpu_nvml, 4.0 * q, 2, args.fake)
     report(res)
     out = args.out or (os.path.join(os.environ["OUT"], "gpu_check.json") if os.environ.get("OUT") else None)
     if out:
@@ -316,12 +370,15 @@ def report(res):
     m = res["matmul"]
     if not m["run"]:
         print(f"\nmatmul: {m['why']}")
-    else:
-        print(f"\nmatmul on {m['device']} ({m['step']}):")
-        for cond in [k for k in m if isinstance(m[k], dict)]:
-            r = m[cond]
-            print(f"  {cond:10s} steps {r['steps']:5d}  median {r['median_ms']:.3f} ms  "
-                  f"p99 {r['p99_ms']:.3f} ms  max {r['max_ms']:.3f}  x{r['median_vs_off']:.4f} of off")
+        return
+    print(f"\nmatmul on {m['device']}, sampler in {m['sampler']}, {m['block_s']:g} s blocks:")
+    for loop in ("big", "small"):
+        print(f"  {m[loop]['step']}:")
+        for cond, r in m[loop].items():
+            if isinstance(r, dict):
+                print(f"    {cond:10s} steps {r['steps']:6d}  median {r['median_ms']:8.3f} ms  "
+                      f"p99 {r['p99_ms']:8.3f} ms  max {r['max_ms']:8.3f}  "
+                      f"median x{r['median_vs_off']:.4f}  p99 x{r['p99_vs_off']:.4f} of off")
 
 
 if __name__ == "__main__":

@@ -391,3 +391,27 @@ def test_step_gpu_clock_view(store):
         # in force: poll 1410 + cap (since 1000 ms), buffer 1980 (1002 ms); inside: the dip
         (1010, 0, 1095, 1980, 4, ["sw_power_cap"], True, 1, 8 * ms),
     ]   # the step at 5000 ms has no sample within 250 ms: no row
+
+
+def test_gpu_check_matmul_phase_with_a_stand_in_torch(tmp_path, monkeypatch):
+    # only the script's own logic (blocks, separate sampler process, figures):
+    # a stand-in torch module whose "GPU" is a short sleep
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+    import gpu_check
+    torch = types.ModuleType("torch")
+    torch.bfloat16 = None
+    torch.device = lambda name: name
+    torch.randn = lambda *a, **k: object()
+    torch.matmul = lambda a, b: None
+    torch.cuda = types.SimpleNamespace(is_available=lambda: True,
+                                       synchronize=lambda: time.sleep(0.001),
+                                       get_device_name=lambda i: "stand-in")
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    res = gpu_check.matmul_effect(gpu_nvml, 0.2, 1, fake=True)
+    assert res["run"] is True and res["device"] == "stand-in"
+    for loop in ("big", "small"):
+        assert {"off", "on_10hz", "on_50hz"} <= set(res[loop])
+        assert res[loop]["off"]["steps"] > 10 and res[loop]["on_10hz"]["steps"] > 10
+        assert res[loop]["off"]["median_vs_off"] == 1.0
+    # the separate sampler process really polled
+    assert all(hz > 0 for hz in res["small_sampler_hz_on_50hz"])
