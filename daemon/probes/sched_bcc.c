@@ -25,6 +25,12 @@
 
 #define STALL_CLONE_THREAD 0x00010000ULL
 
+// A tracepoint program's return value decides whether the kernel still
+// hands the event to perf users on this host (0 discards it for everyone:
+// `perf record -e sched:*` or our own perf backend would go silent while
+// this probe runs). We only observe, so we always pass events on.
+#define KEEP_PERF_EVENT 1
+
 #define KIND_SWITCH_IN 1
 #define KIND_MIGRATE 2
 
@@ -173,14 +179,14 @@ TRACEPOINT_PROBE(sched, sched_switch)
     u32 next_tid = args->next_pid;
     struct tstate *n = state.lookup(&next_tid);
     if (!n)
-        return 0;
+        return KEEP_PERF_EVENT;
     if (!n->off_ns && !n->rq_ns)
-        return 0;
+        return KEEP_PERF_EVENT;
     u32 pid = n->pid;
     if (!tracked.lookup(&pid)) {
         // untracked since: forget it
         state.delete(&next_tid);
-        return 0;
+        return KEEP_PERF_EVENT;
     }
     if (!now) {
         now = bpf_ktime_get_ns();
@@ -199,19 +205,19 @@ TRACEPOINT_PROBE(sched, sched_switch)
     n->off_ns = 0;
     n->rq_ns = 0;
     emit(&r);
-    return 0;
+    return KEEP_PERF_EVENT;
 }
 
 TRACEPOINT_PROBE(sched, sched_wakeup)
 {
     runnable(args->pid);
-    return 0;
+    return KEEP_PERF_EVENT;
 }
 
 TRACEPOINT_PROBE(sched, sched_wakeup_new)
 {
     runnable(args->pid);
-    return 0;
+    return KEEP_PERF_EVENT;
 }
 
 TRACEPOINT_PROBE(sched, sched_migrate_task)
@@ -219,14 +225,14 @@ TRACEPOINT_PROBE(sched, sched_migrate_task)
     // Also fires when the CPU does not change; only a real change counts
     // (as se.nr_migrations does in set_task_cpu()).
     if (args->orig_cpu == args->dest_cpu)
-        return 0;
+        return KEEP_PERF_EVENT;
     u32 tid = args->pid;
     u32 *tgid = tid_tgid.lookup(&tid);
     if (!tgid)
-        return 0;
+        return KEEP_PERF_EVENT;
     u32 pid = *tgid;
     if (!tracked.lookup(&pid))
-        return 0;
+        return KEEP_PERF_EVENT;
     struct record r = {};
     r.a_ns = bpf_ktime_get_ns();
     r.pid = pid;
@@ -235,7 +241,7 @@ TRACEPOINT_PROBE(sched, sched_migrate_task)
     r.cpu_b = args->dest_cpu;
     r.kind = KIND_MIGRATE;
     emit(&r);
-    return 0;
+    return KEEP_PERF_EVENT;
 }
 
 // New threads of a tracked process. task_newtask runs in the creator's
@@ -245,13 +251,13 @@ TRACEPOINT_PROBE(sched, sched_migrate_task)
 TRACEPOINT_PROBE(task, task_newtask)
 {
     if (!(args->clone_flags & STALL_CLONE_THREAD))
-        return 0;
+        return KEEP_PERF_EVENT;
     u32 tgid = bpf_get_current_pid_tgid() >> 32;
     if (!tracked.lookup(&tgid))
-        return 0;
+        return KEEP_PERF_EVENT;
     u32 tid = args->pid;
     tid_tgid.update(&tid, &tgid);
-    return 0;
+    return KEEP_PERF_EVENT;
 }
 
 TRACEPOINT_PROBE(sched, sched_process_exit)
@@ -259,5 +265,5 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
     u32 tid = args->pid;
     tid_tgid.delete(&tid);
     state.delete(&tid);
-    return 0;
+    return KEEP_PERF_EVENT;
 }
