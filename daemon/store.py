@@ -52,15 +52,18 @@ def apply_schema(con):
 class Store:
     """The daemon's one writable connection to the database file."""
 
-    def __init__(self, path, flush_interval_s=0.2):
+    def __init__(self, path, flush_interval_s=0.2, memory_limit="128MB"):
         self.path = str(path)
         parent = os.path.dirname(os.path.abspath(self.path))
         os.makedirs(parent, exist_ok=True)
-        self.con = duckdb.connect(self.path)
+        # DuckDB's buffer pool defaults to 80% of RAM; a tracing daemon on a
+        # serving host must stay small (measured in bench/ingest_throughput.py).
+        self.con = duckdb.connect(self.path, config={"memory_limit": memory_limit})
         apply_schema(self.con)
         self.flush_interval_s = flush_interval_s
         self._lock = threading.Lock()
         self._tables = {}       # table -> list of pa.Table waiting
+        self.pending_rows = 0   # rows queued and not yet written
         self._statements = []   # (sql, params) waiting, in order
         self._listeners = []
         self._stop = threading.Event()
@@ -79,6 +82,7 @@ class Store:
             return
         with self._lock:
             self._tables.setdefault(table, []).append(batch)
+            self.pending_rows += batch.num_rows
         for listener in self._listeners:
             try:
                 listener(table, batch)
@@ -115,47 +119,95 @@ class Store:
             self.flush()
 
     def flush(self):
-        """Write everything queued so far in one transaction."""
+        """Write everything queued so far, in one transaction if possible.
+
+        If the transaction fails, each table's batch is retried on its own so
+        that one bad batch (or a full disk) loses only what cannot be
+        written; what is lost is recorded in `losses` with the reason."""
         with self._flush_lock:
             with self._lock:
                 tables, self._tables = self._tables, {}
                 statements, self._statements = self._statements, []
             if not tables and not statements:
                 return 0
-            rows = 0
+            queued = sum(b.num_rows for bs in tables.values() for b in bs)
+            merged = {t: (pa.concat_tables(bs, promote_options="default")
+                          if len(bs) > 1 else bs[0]) for t, bs in tables.items()}
             cur = self.con.cursor()
             try:
-                cur.execute("BEGIN TRANSACTION")
-                for statement, params in statements:
-                    cur.execute(statement, params or [])
-                for table, batches in tables.items():
-                    data = pa.concat_tables(batches, promote_options="default") \
-                        if len(batches) > 1 else batches[0]
-                    cur.register("_batch", data)
-                    cur.execute(f'INSERT INTO "{table}" BY NAME SELECT * FROM _batch')
-                    cur.unregister("_batch")
-                    rows += data.num_rows
-                cur.execute("COMMIT")
-            except Exception as exc:  # disk full, bad batch, ...: keep running
                 try:
-                    cur.execute("ROLLBACK")
-                except Exception:
-                    pass
-                lost = sum(b.num_rows for bs in tables.values() for b in bs)
-                self.rows_lost += lost
-                self.last_error = f"{type(exc).__name__}: {exc}"
-                log.error("could not write %d rows (%s); recorded as a loss",
-                          lost, self.last_error)
-                now = time.monotonic_ns()
-                self.sql("INSERT INTO losses (run_id, probe, start_ns, end_ns, count, reason) "
-                         "VALUES (NULL, 'store', ?, ?, ?, ?)",
-                         [now, now, lost, ("store_error: " + self.last_error)[:500]])
-                return 0
+                    rows = self._write(cur, statements, merged)
+                except Exception as exc:
+                    self._rollback(cur)
+                    log.warning("batch write failed (%s); retrying table by table", exc)
+                    rows = self._write_separately(cur, statements, merged)
             finally:
                 cur.close()
+            with self._lock:
+                self.pending_rows -= queued
             self.rows_written += rows
             self.flushes += 1
             return rows
+
+    @staticmethod
+    def _rollback(cur):
+        try:
+            cur.execute("ROLLBACK")
+        except Exception:
+            pass
+
+    def _write(self, cur, statements, merged):
+        cur.execute("BEGIN TRANSACTION")
+        for statement, params in statements:
+            cur.execute(statement, params or [])
+        rows = 0
+        for table, data in merged.items():
+            self._insert(cur, table, data)
+            rows += data.num_rows
+        cur.execute("COMMIT")
+        return rows
+
+    @staticmethod
+    def _insert(cur, table, data):
+        cur.register("_batch", data)
+        try:
+            cur.execute(f'INSERT INTO "{table}" BY NAME SELECT * FROM _batch')
+        finally:
+            cur.unregister("_batch")
+
+    def _write_separately(self, cur, statements, merged):
+        rows = 0
+        parts = [("statements", statements, None)] + \
+                [(table, None, data) for table, data in merged.items()]
+        for name, stmts, data in parts:
+            try:
+                cur.execute("BEGIN TRANSACTION")
+                if stmts is not None:
+                    for statement, params in stmts:
+                        cur.execute(statement, params or [])
+                else:
+                    self._insert(cur, name, data)
+                cur.execute("COMMIT")
+                rows += data.num_rows if data is not None else 0
+            except Exception as exc:
+                self._rollback(cur)
+                lost = data.num_rows if data is not None else len(stmts)
+                self._record_loss(cur, name, lost, exc)
+        return rows
+
+    def _record_loss(self, cur, table, lost, exc):
+        self.rows_lost += lost
+        self.last_error = f"{type(exc).__name__}: {exc}"
+        log.error("could not write %d rows of %s (%s); recorded as a loss",
+                  lost, table, self.last_error)
+        now = time.monotonic_ns()
+        params = [now, now, lost, f"store_error({table}): {self.last_error}"[:500]]
+        sql = ("INSERT INTO losses (run_id, probe, start_ns, end_ns, count, reason) "
+               "VALUES (NULL, 'store', ?, ?, ?, ?)")
+        try:
+            cur.execute(sql, params)
+        except Exception:
+            self.sql(sql, params)  # the disk may be full: try again next flush
 
     def close(self):
         """Stop the writer, write what is left, close the file."""

@@ -37,7 +37,7 @@ CREATE TABLE IF NOT EXISTS spans (
     tid      BIGINT,      -- native thread id (joins with kernel events)
     kind     VARCHAR,     -- step, schedule, submit, collect, ...
     stage    VARCHAR,     -- prefill, prelude, recurrent, coda, ... (NULL if none)
-    batch    INTEGER,     -- batch size (0 if unknown)
+    batch    BIGINT,      -- batch size (0 if unknown)
     start_ns BIGINT,
     end_ns   BIGINT,
     depth    SMALLINT,    -- number of enclosing spans on the thread (0 = outermost)

@@ -5,6 +5,8 @@
 -- and migrations (kernel rows, keyed by (pid, tid), mapped to the run by
 -- runs.pid). Time charged = length of the intersection with the step.
 
+-- Kernel rows with resolution_ns set are the /proc backend's per-window
+-- totals, not intervals: they cannot be placed in a step and are left out.
 -- (Rows of other threads are not filtered out first with a semi join: that
 -- made DuckDB underestimate this side and build its hash table on it,
 -- several times slower.)
@@ -18,13 +20,13 @@ FROM gc_events g JOIN _step_thread t USING (run_id)
 WHERE g.end_ns > g.start_ns
 UNION ALL
 SELECT pid, tid, 1::UTINYINT, NULL, preempted, NULL, start_ns, end_ns
-FROM offcpu WHERE end_ns > start_ns
+FROM offcpu WHERE end_ns > start_ns AND resolution_ns IS NULL
 UNION ALL
 SELECT pid, tid, 2::UTINYINT, NULL, NULL, NULL, start_ns, end_ns
-FROM runq WHERE end_ns > start_ns
+FROM runq WHERE end_ns > start_ns AND resolution_ns IS NULL
 UNION ALL
 SELECT pid, tid, 3::UTINYINT, NULL, NULL, NULL, ts_ns, ts_ns
-FROM migrations WHERE from_cpu IS DISTINCT FROM to_cpu;
+FROM migrations WHERE from_cpu IS DISTINCT FROM to_cpu AND resolution_ns IS NULL;
 
 -- Every (source row, step) pair that overlaps (for migrations: the step
 -- that contains the instant), with the intersection.

@@ -12,7 +12,9 @@ SELECT
     coalesce(n.clock_event_reasons & 1, 0) = 1 AS idle,   -- NVML reason bit 0x1: GPU idle
     row_number() OVER w - 1 AS sample_idx
 FROM nvml_samples n, step_params p
-WHERE p.gpu IS NULL OR n.gpu = p.gpu
+-- poll samples only: they carry the clock-event reasons (the idle bit);
+-- the driver-buffer rows (source 'buffer') are in gpu_step_clock
+WHERE (p.gpu IS NULL OR n.gpu = p.gpu) AND n.source IS DISTINCT FROM 'buffer'
 WINDOW w AS (PARTITION BY n.gpu ORDER BY n.ts_ns);
 
 -- The reference SM clock of each GPU during each run: the median over the

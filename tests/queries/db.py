@@ -36,13 +36,13 @@ def add_gc(con, run_id, tid, generation, start_ms, end_ms, collected=0):
 
 
 def add_offcpu(con, pid, tid, start_ms, end_ms, preempted):
-    con.execute("INSERT INTO offcpu VALUES (?, ?, ?, ?, ?, 0)",
+    con.execute("INSERT INTO offcpu (pid, tid, start_ns, end_ns, preempted, cpu) VALUES (?, ?, ?, ?, ?, 0)",
                 [pid, tid, round(start_ms * MS), round(end_ms * MS), preempted])
 
 
 def add_migrations(con, pid, tid, ts_ms_list):
     for i, ts in enumerate(ts_ms_list):
-        con.execute("INSERT INTO migrations VALUES (?, ?, ?, ?, ?)",
+        con.execute("INSERT INTO migrations (pid, tid, ts_ns, from_cpu, to_cpu) VALUES (?, ?, ?, ?, ?)",
                     [pid, tid, round(ts * MS), i % 2, (i + 1) % 2])
 
 

@@ -65,7 +65,7 @@ def test_empty_sched_and_gpu_tables():
 def test_exactly_half_boundary(blocked_ns, cause):
     con = new_db()
     at = one_slow_step(con, slow_ms=14)           # excess 4 ms
-    con.execute("INSERT INTO offcpu VALUES (?, ?, ?, ?, false, 0)",
+    con.execute("INSERT INTO offcpu (pid, tid, start_ns, end_ns, preempted, cpu) VALUES (?, ?, ?, ?, false, 0)",
                 [PID, TID, (at + 5) * MS, (at + 5) * MS + blocked_ns])
     row = slow_row(con)
     assert row["excess_ns"] == 4 * MS and row["blocked_ns"] == blocked_ns
@@ -155,7 +155,7 @@ def test_interval_joins_match_brute_force(seed):
     for (run, s, e) in gcs:
         con.execute("INSERT INTO gc_events (run_id, tid, generation, start_ns, end_ns) VALUES (1, 99, 0, ?, ?)", [s, e])
     for (tid, s, e, p) in offs:
-        con.execute("INSERT INTO offcpu VALUES (?, ?, ?, ?, ?, 0)", [PID, tid, s, e, p])
+        con.execute("INSERT INTO offcpu (pid, tid, start_ns, end_ns, preempted, cpu) VALUES (?, ?, ?, ?, ?, 0)", [PID, tid, s, e, p])
     want = brute_force(steps, gcs, offs)
     got = {(r["run_id"], r["tid"], r["start_ns"]): (r["gc_ns"], r["preempted_ns"], r["blocked_ns"])
            for r in attribution(con)}

@@ -1,0 +1,197 @@
+"""The `stallscope` command: daemon, demo, query, report, compare, top, status.
+
+Each subcommand is a thin layer over a module that does the work; this file
+only parses arguments, turns expected failures into one-line errors with a
+non-zero exit, and picks the way to the data: through a running daemon's API
+when one holds the database, from the file otherwise (DuckDB allows one
+writer process).
+"""
+
+import argparse
+import logging
+import os
+import sys
+
+DEFAULT_SOCKET = "/run/stallscope/probe.sock"
+DEFAULT_API_SOCKET = "/run/stallscope/api.sock"
+DEFAULT_DB = "/var/lib/stallscope/stallscope.duckdb"
+
+
+class UserError(Exception):
+    """An expected failure: printed as `error: ...`, exit status 2."""
+
+
+def _env(name, default):
+    return os.environ.get(name) or default
+
+
+def _add_db(p):
+    p.add_argument("--db", default=_env("STALLSCOPE_DB", DEFAULT_DB),
+                   help="DuckDB file (default: $STALLSCOPE_DB or %(default)s)")
+    p.add_argument("--api-socket", default=_env("STALLSCOPE_API_SOCKET", DEFAULT_API_SOCKET),
+                   help="a running daemon's API socket, used when it holds the database")
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(
+        prog="stallscope",
+        description="Why was that engine step slow? GC, preemption, migration, "
+                    "submit jitter or GPU clocks, step by step.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    d = sub.add_parser("daemon", help="run the daemon in the foreground (logs to stderr)")
+    d.add_argument("--socket", default=_env("STALLSCOPE_SOCKET", DEFAULT_SOCKET),
+                   help="probe socket path (default: $STALLSCOPE_SOCKET or %(default)s)")
+    d.add_argument("--db", default=_env("STALLSCOPE_DB", DEFAULT_DB), help="DuckDB file")
+    d.add_argument("--api-socket", default=None,
+                   help=f"gRPC API Unix socket (e.g. {DEFAULT_API_SOCKET}); none by default")
+    d.add_argument("--pid", type=int, action="append", default=[],
+                   help="also trace this process's threads (no probe client needed)")
+    d.add_argument("--sched-backend", choices=["bcc", "perf", "proc", "none"],
+                   help="force a scheduling probe backend (default: best available)")
+    d.add_argument("--gpu-backend", choices=["nvml", "none"],
+                   help="force the GPU probe on or off (default: on when a GPU exists)")
+    d.add_argument("--gpu-poll-hz", type=float, default=10.0, help="NVML polling rate")
+    d.add_argument("--gpus", default="", help="NVML indices to sample, e.g. 0,1 (default all)")
+    d.add_argument("--proc-poll-hz", type=float, default=100.0,
+                   help="/proc scheduling backend sampling rate")
+    d.add_argument("--allow-uid", type=int, action="append", default=None,
+                   help="accept probe connections only from these uids (default: any "
+                        "that can open the socket)")
+
+    m = sub.add_parser("demo", help="run a daemon, the built-in serving-engine scenario, "
+                                    "and the attribution report")
+    m.add_argument("--duration", type=float, default=45.0, help="scenario seconds (default 45)")
+    m.add_argument("--db", default=None, help="keep the database here (default: a temp dir)")
+    m.add_argument("--rate", type=float, default=1.0, help="request arrivals per second")
+    m.add_argument("--no-gc-pressure", dest="gc_pressure", action="store_false",
+                   help="run without the seed's leaky timing hook (no steady-state gen-2)")
+    m.add_argument("--sched-backend", choices=["bcc", "perf", "proc", "none"])
+    m.add_argument("--out", default=None, help="where to write the report's PNG figures")
+
+    q = sub.add_parser("query", help="run a named query (a view) or SQL")
+    q.add_argument("sql", help="a view name (see `stallscope query --list`) or a SQL query")
+    q.add_argument("--format", choices=["table", "csv", "json"], default="table")
+    q.add_argument("--limit", type=int, default=None, help="at most this many rows")
+    _add_db(q)
+
+    r = sub.add_parser("report", help="the attribution report: text tables and PNG figures")
+    r.add_argument("--run", type=int, action="append", default=None, help="only these runs")
+    r.add_argument("--out", default=None, help="directory for PNG figures")
+    _add_db(r)
+
+    c = sub.add_parser("compare", help="compare two runs side by side")
+    c.add_argument("run_a", type=int)
+    c.add_argument("run_b", type=int)
+    _add_db(c)
+
+    t = sub.add_parser("top", help="live terminal dashboard over a daemon's event stream")
+    t.add_argument("--api-socket", default=_env("STALLSCOPE_API_SOCKET", DEFAULT_API_SOCKET))
+    t.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
+
+    s = sub.add_parser("status", help="what the daemon holds: runs, probes, losses")
+    _add_db(s)
+    return parser
+
+
+def main(argv=None):
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+                        stream=sys.stderr)
+    handler = globals()["cmd_" + args.command]
+    try:
+        return handler(args) or 0
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+# ----- subcommands ---------------------------------------------------------------
+def cmd_daemon(args):
+    from .probes.base import ProbeSettings
+    from .server import Daemon
+    try:
+        gpus = tuple(int(g) for g in args.gpus.split(",") if g.strip())
+    except ValueError:
+        raise UserError(f"--gpus wants indices like 0,1, not {args.gpus!r}") from None
+    settings = ProbeSettings(gpu_poll_hz=args.gpu_poll_hz, sched_poll_hz=args.proc_poll_hz,
+                             gpus=gpus)
+    daemon = Daemon(args.socket, args.db, api_socket=args.api_socket, pids=args.pid,
+                    sched_backend=args.sched_backend, gpu_backend=args.gpu_backend,
+                    settings=settings, allowed_uids=args.allow_uid)
+    return daemon.run()
+
+
+def cmd_demo(args):
+    from . import demo
+    return demo.run_demo(args)
+
+
+def _open_readonly(args):
+    from . import access
+    try:
+        return access.open_for_reading(args.db, args.api_socket)
+    except access.AccessError as exc:
+        raise UserError(str(exc)) from None
+
+
+def cmd_query(args):
+    from . import access, formatting
+    source = _open_readonly(args)
+    try:
+        columns, rows = source.query(access.named_or_sql(args.sql), limit=args.limit)
+    except access.AccessError as exc:
+        raise UserError(str(exc)) from None
+    finally:
+        source.close()
+    sys.stdout.write(formatting.format_rows(columns, rows, args.format))
+    return 0
+
+
+def cmd_status(args):
+    from . import access, formatting
+    source = _open_readonly(args)
+    try:
+        for title, sql in access.STATUS_QUERIES:
+            columns, rows = source.query(sql)
+            print(f"## {title}")
+            sys.stdout.write(formatting.format_rows(columns, rows, "table"))
+            print()
+    finally:
+        source.close()
+    return 0
+
+
+def cmd_report(args):
+    from . import report
+    source = _open_readonly(args)
+    try:
+        print(report.build_report(source.connection(), out_dir=args.out, run_ids=args.run))
+    finally:
+        source.close()
+    return 0
+
+
+def cmd_compare(args):
+    from . import compare
+    source = _open_readonly(args)
+    try:
+        print(compare.compare_runs(source.connection(), args.run_a, args.run_b))
+    finally:
+        source.close()
+    return 0
+
+
+def cmd_top(args):
+    from .api import top
+    return top.run(args.api_socket, duration_s=args.duration)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
