@@ -83,8 +83,8 @@ def build_parser():
     _add_db(r)
 
     c = sub.add_parser("compare", help="compare two runs side by side")
-    c.add_argument("run_a", type=int)
-    c.add_argument("run_b", type=int)
+    c.add_argument("run_a", help="run id or label")
+    c.add_argument("run_b", help="run id or label")
     _add_db(c)
 
     t = sub.add_parser("top", help="live terminal dashboard over a daemon's event stream")
@@ -183,6 +183,8 @@ def cmd_compare(args):
     source = _open_readonly(args)
     try:
         print(compare.compare_runs(source.connection(), args.run_a, args.run_b))
+    except compare.RunNotFound as exc:
+        raise UserError(str(exc)) from None
     finally:
         source.close()
     return 0
