@@ -60,12 +60,12 @@ class Client:
     """A connection to one daemon's API."""
 
     def __init__(self, api_socket=None, target=None, tls_ca=None, tls_cert=None, tls_key=None,
-                 server_name=None):
+                 server_name=None, channel_options=()):
         if target is None:
             if not api_socket:
                 raise ValueError("give api_socket or target")
             target = "unix:" + os.path.abspath(api_socket)
-        options = [("grpc.max_receive_message_length", 64 << 20)]
+        options = [("grpc.max_receive_message_length", 64 << 20)] + list(channel_options)
         if tls_ca or tls_cert:
             def read(p):
                 if not p:
