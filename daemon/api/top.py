@@ -10,6 +10,7 @@ writes anything but stdout, and never slows the daemon: if it reads too
 slowly it loses events (shown as "stream lost").
 """
 
+import math
 import os
 import sys
 import threading
@@ -34,9 +35,11 @@ GPU_REASONS = {0x1: "idle", 0x2: "app-clocks", 0x4: "sw-power", 0x8: "hw-slowdow
 
 
 def _pct(sorted_values, q):
+    """Nearest-rank percentile (q in 0..1) of an already sorted list."""
     if not sorted_values:
         return None
-    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
+    rank = max(1, math.ceil(q * len(sorted_values)))
+    return sorted_values[min(rank, len(sorted_values)) - 1]
 
 
 def _ms(ns):
