@@ -117,8 +117,9 @@ def latency_run(rate, seconds, decode_ms, subscribe=True):
         if subscribe:
             threading.Thread(target=read, daemon=True).start()
         time.sleep(0.5)
-        go, out = mp.Event(), mp.Queue()
-        p = mp.Process(target=emitter, args=(sock, rate, seconds, go, out))
+        ctx = mp.get_context("spawn")   # no fork after gRPC has started threads
+        go, out = ctx.Event(), ctx.Queue()
+        p = ctx.Process(target=emitter, args=(sock, rate, seconds, go, out))
         p.start()
         time.sleep(0.5)
         t_start = time.monotonic_ns()
