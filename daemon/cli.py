@@ -61,6 +61,7 @@ def build_parser():
     d.add_argument("--gpu-backend", choices=["nvml", "none"],
                    help="force the GPU probe on or off (default: on when a GPU exists)")
     d.add_argument("--gpu-poll-hz", type=float, default=10.0, help="NVML polling rate")
+    d.add_argument("--gpus", default="", help="NVML indices to sample, e.g. 0,1 (default all)")
     d.add_argument("--proc-poll-hz", type=float, default=100.0,
                    help="/proc scheduling backend sampling rate")
     d.add_argument("--allow-uid", type=int, action="append", default=None,
@@ -122,7 +123,12 @@ def main(argv=None):
 def cmd_daemon(args):
     from .probes.base import ProbeSettings
     from .server import Daemon
-    settings = ProbeSettings(gpu_poll_hz=args.gpu_poll_hz, sched_poll_hz=args.proc_poll_hz)
+    try:
+        gpus = tuple(int(g) for g in args.gpus.split(",") if g.strip())
+    except ValueError:
+        raise UserError(f"--gpus wants indices like 0,1, not {args.gpus!r}") from None
+    settings = ProbeSettings(gpu_poll_hz=args.gpu_poll_hz, sched_poll_hz=args.proc_poll_hz,
+                             gpus=gpus)
     api_options = _api_options(args)
     daemon = Daemon(args.socket, args.db, api_socket=args.api_socket, pids=args.pid,
                     sched_backend=args.sched_backend, gpu_backend=args.gpu_backend,
