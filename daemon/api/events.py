@@ -80,14 +80,15 @@ def migrations(batch, runs):
 
 def gpu_samples(batch, runs):
     out = []
-    for gpu, ts, sm, mem, power, temp, util, reasons in zip(
+    for gpu, ts, sm, mem, power, temp, util, reasons, source in zip(
             _col(batch, "gpu"), _col(batch, "ts_ns"), _col(batch, "sm_clock_mhz"),
             _col(batch, "mem_clock_mhz"), _col(batch, "power_mw"), _col(batch, "temp_c"),
-            _col(batch, "util_pct"), _col(batch, "clock_event_reasons")):
+            _col(batch, "util_pct"), _col(batch, "clock_event_reasons"),
+            _col(batch, "source")):
         out.append(pb.Event(gpu_sample=pb.GpuSample(
             gpu=_nz(gpu), ts_ns=_nz(ts), sm_clock_mhz=_nz(sm, -1), mem_clock_mhz=_nz(mem, -1),
             power_mw=_nz(power, -1), temp_c=_nz(temp, -1), util_pct=_nz(util, -1),
-            clock_event_reasons=_nz(reasons))))
+            clock_event_reasons=_nz(reasons), source=source or "poll")))
     return out
 
 

@@ -176,7 +176,7 @@ class Migration(_message.Message):
     def __init__(self, pid: _Optional[int] = ..., tid: _Optional[int] = ..., ts_ns: _Optional[int] = ..., from_cpu: _Optional[int] = ..., to_cpu: _Optional[int] = ...) -> None: ...
 
 class GpuSample(_message.Message):
-    __slots__ = ("gpu", "ts_ns", "sm_clock_mhz", "mem_clock_mhz", "power_mw", "temp_c", "util_pct", "clock_event_reasons")
+    __slots__ = ("gpu", "ts_ns", "sm_clock_mhz", "mem_clock_mhz", "power_mw", "temp_c", "util_pct", "clock_event_reasons", "source")
     GPU_FIELD_NUMBER: _ClassVar[int]
     TS_NS_FIELD_NUMBER: _ClassVar[int]
     SM_CLOCK_MHZ_FIELD_NUMBER: _ClassVar[int]
@@ -185,6 +185,7 @@ class GpuSample(_message.Message):
     TEMP_C_FIELD_NUMBER: _ClassVar[int]
     UTIL_PCT_FIELD_NUMBER: _ClassVar[int]
     CLOCK_EVENT_REASONS_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
     gpu: int
     ts_ns: int
     sm_clock_mhz: int
@@ -193,7 +194,8 @@ class GpuSample(_message.Message):
     temp_c: int
     util_pct: int
     clock_event_reasons: int
-    def __init__(self, gpu: _Optional[int] = ..., ts_ns: _Optional[int] = ..., sm_clock_mhz: _Optional[int] = ..., mem_clock_mhz: _Optional[int] = ..., power_mw: _Optional[int] = ..., temp_c: _Optional[int] = ..., util_pct: _Optional[int] = ..., clock_event_reasons: _Optional[int] = ...) -> None: ...
+    source: str
+    def __init__(self, gpu: _Optional[int] = ..., ts_ns: _Optional[int] = ..., sm_clock_mhz: _Optional[int] = ..., mem_clock_mhz: _Optional[int] = ..., power_mw: _Optional[int] = ..., temp_c: _Optional[int] = ..., util_pct: _Optional[int] = ..., clock_event_reasons: _Optional[int] = ..., source: _Optional[str] = ...) -> None: ...
 
 class StallAlert(_message.Message):
     __slots__ = ("run_id", "pid", "tid", "stage", "batch", "start_ns", "end_ns", "duration_ns", "baseline_ns", "ratio", "gc_overlap_ns", "gc_generation", "offcpu_ns", "preempted_ns", "cause")

@@ -90,7 +90,8 @@ class Dashboard:
                     self.stalls.append(ev.stall_alert)
                 elif which == "gpu_sample":
                     g = ev.gpu_sample
-                    self.gpus[g.gpu] = g
+                    if g.source != "buffer":   # buffered samples carry clocks only
+                        self.gpus[g.gpu] = g
                     if g.sm_clock_mhz >= 0:
                         low = self.gpu_min_sm.get(g.gpu)
                         self.gpu_min_sm[g.gpu] = g.sm_clock_mhz if low is None \
@@ -133,9 +134,13 @@ class Dashboard:
             lines.append(f"GC (10 s): {gc_text}")
             for gpu in sorted(self.gpus):
                 g = self.gpus[gpu]
-                lines.append(f"GPU {gpu}: SM {g.sm_clock_mhz} MHz (min {self.gpu_min_sm.get(gpu)}"
-                             f" since start)  mem {g.mem_clock_mhz} MHz  power "
-                             f"{g.power_mw / 1000:.0f} W  {g.temp_c} C  util {g.util_pct}%  "
+                def known(v, unit):
+                    return f"{v}{unit}" if v >= 0 else "?"
+                power = f"{g.power_mw / 1000:.0f} W" if g.power_mw >= 0 else "?"
+                lines.append(f"GPU {gpu}: SM {known(g.sm_clock_mhz, ' MHz')} (min "
+                             f"{self.gpu_min_sm.get(gpu)} since start)  mem "
+                             f"{known(g.mem_clock_mhz, ' MHz')}  power {power}  "
+                             f"{known(g.temp_c, ' C')}  util {known(g.util_pct, '%')}  "
                              f"reasons {reasons_text(g.clock_event_reasons)}")
             if not self.gpus:
                 lines.append("GPU: no samples (no GPU probe, or no GPU)")

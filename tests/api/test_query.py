@@ -165,6 +165,15 @@ def test_stallscope_query_cli_goes_through_the_daemon(qd):
     assert "Traceback" not in bad.stderr
 
 
+def test_stallscope_status_cli_goes_through_the_daemon(qd):
+    out = subprocess.run([sys.executable, "-m", "stallscope.cli", "status", "--db", qd.db,
+                          "--api-socket", qd.api_socket], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "## Runs" in out.stdout and "## Probes" in out.stdout
+    assert "disabled by configuration" in out.stdout
+
+
 def test_status_and_runs(qd):
     st = qd.client.status()
     assert st.db_path == qd.db and st.db_bytes > 0
