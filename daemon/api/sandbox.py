@@ -30,6 +30,22 @@ class QueryError(Exception):
     """The statement was refused or failed; the message is the user's to read."""
 
 
+class NotSandboxed(Exception):
+    """The database instance is not sandboxed, so no user SQL may run on it."""
+
+
+def check_sandbox(cur):
+    """Refuse to run anything unless the instance has no external access and
+    its configuration is locked (whoever built the Store, and however)."""
+    external, locked = cur.execute(
+        "SELECT current_setting('enable_external_access'), "
+        "current_setting('lock_configuration')").fetchone()
+    if external or not locked:
+        raise NotSandboxed(
+            "the daemon's database is not sandboxed (external access on or configuration "
+            "unlocked), so Query is disabled: open it with store.SANDBOX_CONFIG")
+
+
 def _bounded(value, default, cap):
     if not value or value <= 0:
         return default
@@ -91,7 +107,12 @@ class QueryRun:
     def start(self):
         self._t0 = time.monotonic()
         self._cur = self.store.cursor()
-        check_statement(self._cur, self.sql)
+        try:
+            check_sandbox(self._cur)
+            check_statement(self._cur, self.sql)
+        except Exception:
+            self.close()
+            raise
         self._timer = threading.Timer(self.timeout_s, self._interrupt)
         self._timer.daemon = True
         self._timer.start()

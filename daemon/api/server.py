@@ -29,7 +29,7 @@ from . import stallscope_pb2 as pb
 from . import stallscope_pb2_grpc as pb_grpc
 from .alerts import StallDetector
 from .fanout import Fanout, Filter
-from .sandbox import QueryError, QueryRun
+from .sandbox import NotSandboxed, QueryError, QueryRun
 
 log = logging.getLogger("stallscope.api")
 
@@ -174,6 +174,9 @@ class StallscopeServicer(pb_grpc.StallscopeServicer):
                                batch_rows=request.batch_rows).start()
             except QueryError as exc:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            except NotSandboxed as exc:
+                log.error("%s", exc)
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
             # Timer and cursor must go when the client cancels mid-stream.
             context.add_callback(run.close)
             columns = [pb.Column(name=n, type=t) for n, t in run.columns]

@@ -103,3 +103,23 @@ def test_kernel_and_gpu_batches_become_events_and_filters_hold(served):
     store.flush()
     cols, rows = client.query("SELECT count(*) FROM offcpu")
     assert rows == [(3,)]
+
+
+def test_query_refuses_to_run_on_an_unsandboxed_database(tmp_path):
+    import grpc
+    from stallscope.api.client import ApiError
+    store = Store(str(tmp_path / "open.duckdb"), sandbox=False)
+    store.start()
+    daemon = types.SimpleNamespace(store=store, ingest=FakeIngest(), probes=[], started_ns=0)
+    api = start_api_server(daemon, str(tmp_path / "api.sock"))
+    client = Client(str(tmp_path / "api.sock"))
+    try:
+        with pytest.raises(ApiError) as info:
+            client.query("SELECT 1")
+        assert info.value.code == grpc.StatusCode.FAILED_PRECONDITION
+        assert "not sandboxed" in str(info.value)
+        assert client.status().db_path == store.path   # the rest of the API still serves
+    finally:
+        client.close()
+        api.stop(grace=0.2)
+        store.close()
