@@ -12,7 +12,7 @@ import types
 import numpy as np
 import pytest
 
-from conftest import wait_for
+from apihelpers import wait_for
 from stallscope.api import stallscope_pb2 as pb
 from stallscope.api.client import Client
 from stallscope.api.server import start_api_server

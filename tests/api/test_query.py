@@ -8,7 +8,7 @@ import grpc
 import pytest
 
 import probe_client
-from conftest import start_api_daemon, stop, wait_for
+from apihelpers import start_api_daemon, stop, wait_for
 from stallscope import access
 from stallscope.api import stallscope_pb2 as pb
 from stallscope.api.client import ApiError, ApiSource, Client
