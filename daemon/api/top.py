@@ -59,6 +59,7 @@ class Dashboard:
         self.steps = defaultdict(deque)       # stage -> deque of (end_ns, duration_ns)
         self.gc = deque()                     # (end_ns, generation, duration_ns)
         self.stalls = deque(maxlen=RECENT_STALLS)
+        self.stalls_total = 0
         self.gpus = {}                        # gpu -> GpuSample
         self.gpu_min_sm = {}                  # gpu -> min SM clock in the window (MHz)
         self.dropped = 0
@@ -88,6 +89,7 @@ class Dashboard:
                     self.gc.append((g.end_ns, g.generation, g.duration_ns))
                 elif which == "stall_alert":
                     self.stalls.append(ev.stall_alert)
+                    self.stalls_total += 1
                 elif which == "gpu_sample":
                     g = ev.gpu_sample
                     if g.source != "buffer":   # buffered samples carry clocks only
@@ -115,7 +117,7 @@ class Dashboard:
             lines = [f"stallscope top   events {self.events}   stream lost {self.dropped}"
                      + (f"   ERROR {self.error}" if self.error else ""), ""]
             lines.append(f"{'stage':<16}{'steps/s':>10}{'p50 ms':>10}{'p99 ms':>10}"
-                         f"{'max ms':>10}{'n (10 s)':>10}")
+                         f"{'max ms':>10}{'n (10 s)':>10}   (steps/s over 5 s)")
             for stage in sorted(self.steps):
                 q = self.steps[stage]
                 durs = sorted(d for _, d in q)
@@ -145,7 +147,8 @@ class Dashboard:
             if not self.gpus:
                 lines.append("GPU: no samples (no GPU probe, or no GPU)")
             lines.append("")
-            lines.append(f"recent stalls (step > baseline x 1.2): {len(self.stalls)}")
+            lines.append(f"stalls (step > baseline x 1.2): {self.stalls_total} since start, "
+                         f"latest {len(self.stalls)}:")
             for a in reversed(self.stalls):
                 age_s = (now - a.end_ns) / 1e9
                 extra = []
@@ -158,6 +161,17 @@ class Dashboard:
                              f"{a.duration_ns / 1e6:.1f} ms vs {a.baseline_ns / 1e6:.1f} ms "
                              f"(x{a.ratio:.1f})  {a.cause}  {'  '.join(extra)}")
         return "\n".join(line[:width] for line in lines) + "\n"
+
+
+def _width(out):
+    """Terminal columns; a terminal that reports none (0) gets $COLUMNS or 100."""
+    try:
+        cols = os.get_terminal_size(out.fileno()).columns
+    except OSError:
+        cols = 0
+    if cols <= 0:
+        cols = int(os.environ.get("COLUMNS", "0") or 0) or 100
+    return max(cols, 40)
 
 
 def _reader(stream, board, done):
@@ -193,7 +207,7 @@ def run(api_socket, duration_s=None, out=None, target=None):
         while True:
             wait = refresh_s if end is None else max(0.0, min(refresh_s, end - time.monotonic()))
             done.wait(wait)
-            width = os.get_terminal_size(out.fileno()).columns if tty else 160
+            width = _width(out) if tty else 160
             frame = board.render(width)
             if tty:
                 out.write("\x1b[H\x1b[2J" + frame)
