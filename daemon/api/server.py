@@ -312,6 +312,11 @@ class ApiServer:
         self.api_socket = api_socket
         self.tcp_port = tcp_port
 
+    def live_subscribers(self):
+        """Open StreamEvents streams (the stall detector not counted): the daemon
+        may decode more often while someone watches (bench/results/api.md)."""
+        return max(0, len(self.fanout.subscribers) - 1)
+
     def stop(self, grace=0.5):
         self.store.remove_listener(self.fanout.on_batch)
         self.detector.stop()
