@@ -36,7 +36,7 @@ def served(tmp_path):
     api = start_api_server(daemon, str(tmp_path / "api.sock"))
     client = Client(str(tmp_path / "api.sock"))
     client.wait_ready()
-    yield store, client
+    yield store, client, api
     client.close()
     api.stop(grace=0.2)
     store.close()
@@ -58,11 +58,13 @@ def collect(stream, until):
 
 
 def test_kernel_and_gpu_batches_become_events_and_filters_hold(served):
-    store, client = served
+    store, client, api = served
+    assert api.live_subscribers() == 0
     everything = client.events()
     by_run = client.events(run_ids=[3])                 # run 3 is pid 4100
     long_offcpu = client.events(kinds=[pb.OFF_CPU], min_duration_ns=1000)
     assert wait_for(lambda: client.status().subscribers == 3)
+    assert api.live_subscribers() == 3
     store.append("offcpu", {"pid": np.array([4100, 4100, 999], np.int32),
                             "tid": np.array([4101, 4102, 1000], np.int32),
                             "start_ns": np.array([100, 200, 300]),
