@@ -30,7 +30,7 @@ log = logging.getLogger("stallscope.api.alerts")
 
 ALERT_COLUMNS = ("run_id", "pid", "tid", "stage", "batch", "start_ns", "end_ns",
                  "duration_ns", "baseline_ns", "ratio", "gc_overlap_ns", "gc_generation",
-                 "offcpu_ns", "preempted_ns", "cause")
+                 "offcpu_ns", "preempted_ns", "cause", "offcpu_sampled")
 # GC passes and off-CPU intervals are kept this long for overlap (ns): a step
 # and the events inside it arrive within one or two decode rounds.
 HORIZON_NS = 5_000_000_000
@@ -40,7 +40,8 @@ SETTLE_S = 0.002
 
 
 class _Intervals:
-    """Recent intervals per key as numpy arrays, pruned by age."""
+    """Recent intervals per key as numpy arrays, pruned by age (`extra`: one
+    value or a row of values per interval)."""
 
     def __init__(self):
         self.by_key = {}   # key -> (start_ns, end_ns, extra) arrays
@@ -72,6 +73,31 @@ class _Intervals:
         inter = np.minimum(e, end_ns) - np.maximum(s, start_ns)
         hit = inter > 0
         return inter[hit], x[hit]
+
+
+def offcpu_weights(batch):
+    """Per row (off-CPU fraction, preempted fraction, sampled) of an offcpu batch."""
+    n = batch.num_rows
+    pre = pc.fill_null(batch["preempted"], False).to_numpy(zero_copy_only=False)
+    weights = np.zeros((n, 3))
+    weights[:, 0] = 1.0
+    weights[:, 1] = pre.astype(float)
+    if "resolution_ns" in batch.column_names and batch["resolution_ns"].null_count < n:
+        window = ~batch["resolution_ns"].is_null().to_numpy(zero_copy_only=False)
+
+        def col(name):
+            if name not in batch.column_names:
+                return np.zeros(n)
+            return pc.fill_null(batch[name], 0).to_numpy(zero_copy_only=False).astype(float)
+        length = (batch["end_ns"].to_numpy(zero_copy_only=False)
+                  - batch["start_ns"].to_numpy(zero_copy_only=False)).astype(float)
+        off = np.clip(col("offcpu_ns") / np.maximum(length, 1.0), 0.0, 1.0)
+        events = col("events")
+        share = np.where(events > 0, col("preempted_events") / np.maximum(events, 1.0), 0.0)
+        weights[window, 0] = off[window]
+        weights[window, 1] = (off * share)[window]
+        weights[window, 2] = 1.0
+    return weights
 
 
 class Baselines:
@@ -114,7 +140,10 @@ class StallDetector:
         self.min_samples = min_samples
         self.baselines = Baselines(window)
         self.gc = _Intervals()        # by run_id; extra = generation
-        self.offcpu = _Intervals()    # by tid; extra = preempted
+        # by tid; extra = (fraction of the interval off CPU, fraction preempted,
+        # sampled?): exact rows are (1, 1 or 0, 0); a /proc window row is
+        # pro-rated by its counters.
+        self.offcpu = _Intervals()
         self.sub = fanout.subscribe(Filter(kinds=(pb.SPAN, pb.GC_PASS, pb.OFF_CPU)),
                                     max_queue_events, name="stall-detector")
         self.alerts_sent = 0
@@ -159,8 +188,7 @@ class StallDetector:
                 self.offcpu.add(batch["tid"].to_numpy(zero_copy_only=False),
                                 batch["start_ns"].to_numpy(zero_copy_only=False),
                                 batch["end_ns"].to_numpy(zero_copy_only=False),
-                                pc.fill_null(batch["preempted"], False)
-                                .to_numpy(zero_copy_only=False))
+                                offcpu_weights(batch))
             elif kind == pb.SPAN:
                 spans.append(batch)
         rows = []
@@ -203,14 +231,17 @@ class StallDetector:
         if inter is not None and len(inter):
             gc_ns, gc_gen = int(inter.sum()), int(gens.max())
         off_ns = pre_ns = 0
-        inter, pre = self.offcpu.overlap(tid, s, e)
+        sampled = False
+        inter, w = self.offcpu.overlap(tid, s, e)
         if inter is not None and len(inter):
-            off_ns = int(inter.sum())
-            pre_ns = int(inter[pre.astype(bool)].sum())
+            off_ns = int((inter * w[:, 0]).sum())
+            pre_ns = int((inter * w[:, 1]).sum())
+            sampled = bool(w[:, 2].any())
         excess = dur - median
         return {"run_id": run_id, "pid": runs.get(run_id) or 0, "tid": tid,
                 "stage": stage or "", "batch": size or 0, "start_ns": s, "end_ns": e,
                 "duration_ns": dur, "baseline_ns": int(median), "ratio": dur / median,
                 "gc_overlap_ns": gc_ns, "gc_generation": gc_gen, "offcpu_ns": off_ns,
                 "preempted_ns": pre_ns,
-                "cause": name_cause(excess, gc_ns, gc_gen, pre_ns, off_ns - pre_ns)}
+                "cause": name_cause(excess, gc_ns, gc_gen, pre_ns, off_ns - pre_ns),
+                "offcpu_sampled": sampled}

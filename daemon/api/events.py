@@ -48,33 +48,41 @@ def gc_passes(batch, runs):
 
 def off_cpu(batch, runs):
     out = []
-    for pid, tid, s, e, pre, cpu in zip(
+    for pid, tid, s, e, pre, cpu, res, off_ns, n, n_pre in zip(
             _col(batch, "pid"), _col(batch, "tid"), _col(batch, "start_ns"),
-            _col(batch, "end_ns"), _col(batch, "preempted"), _col(batch, "cpu")):
+            _col(batch, "end_ns"), _col(batch, "preempted"), _col(batch, "cpu"),
+            _col(batch, "resolution_ns"), _col(batch, "offcpu_ns"), _col(batch, "events"),
+            _col(batch, "preempted_events")):
         out.append(pb.Event(off_cpu=pb.OffCpu(
             pid=_nz(pid), tid=_nz(tid), start_ns=_nz(s), end_ns=_nz(e),
-            duration_ns=_nz(e) - _nz(s), preempted=bool(pre), cpu=_nz(cpu, -1))))
+            duration_ns=_nz(e) - _nz(s), preempted=bool(pre), cpu=_nz(cpu, -1),
+            resolution_ns=_nz(res), window_offcpu_ns=_nz(off_ns), window_events=_nz(n),
+            window_preempted_events=_nz(n_pre))))
     return out
 
 
 def run_queue(batch, runs):
     out = []
-    for pid, tid, s, e, cpu in zip(
+    for pid, tid, s, e, cpu, res, wait_ns, n in zip(
             _col(batch, "pid"), _col(batch, "tid"), _col(batch, "start_ns"),
-            _col(batch, "end_ns"), _col(batch, "cpu")):
+            _col(batch, "end_ns"), _col(batch, "cpu"), _col(batch, "resolution_ns"),
+            _col(batch, "wait_ns"), _col(batch, "events")):
         out.append(pb.Event(run_queue=pb.RunQueueWait(
             pid=_nz(pid), tid=_nz(tid), start_ns=_nz(s), end_ns=_nz(e),
-            duration_ns=_nz(e) - _nz(s), cpu=_nz(cpu, -1))))
+            duration_ns=_nz(e) - _nz(s), cpu=_nz(cpu, -1), resolution_ns=_nz(res),
+            window_wait_ns=_nz(wait_ns), window_events=_nz(n))))
     return out
 
 
 def migrations(batch, runs):
     out = []
-    for pid, tid, ts, a, b in zip(
+    for pid, tid, ts, a, b, res, n in zip(
             _col(batch, "pid"), _col(batch, "tid"), _col(batch, "ts_ns"),
-            _col(batch, "from_cpu"), _col(batch, "to_cpu")):
+            _col(batch, "from_cpu"), _col(batch, "to_cpu"), _col(batch, "resolution_ns"),
+            _col(batch, "events")):
         out.append(pb.Event(migration=pb.Migration(
-            pid=_nz(pid), tid=_nz(tid), ts_ns=_nz(ts), from_cpu=_nz(a, -1), to_cpu=_nz(b, -1))))
+            pid=_nz(pid), tid=_nz(tid), ts_ns=_nz(ts), from_cpu=_nz(a, -1), to_cpu=_nz(b, -1),
+            resolution_ns=_nz(res), window_events=_nz(n))))
     return out
 
 

@@ -128,7 +128,7 @@ class GcPass(_message.Message):
     def __init__(self, run_id: _Optional[int] = ..., pid: _Optional[int] = ..., tid: _Optional[int] = ..., generation: _Optional[int] = ..., start_ns: _Optional[int] = ..., end_ns: _Optional[int] = ..., duration_ns: _Optional[int] = ..., collected: _Optional[int] = ..., uncollectable: _Optional[int] = ...) -> None: ...
 
 class OffCpu(_message.Message):
-    __slots__ = ("pid", "tid", "start_ns", "end_ns", "duration_ns", "preempted", "cpu")
+    __slots__ = ("pid", "tid", "start_ns", "end_ns", "duration_ns", "preempted", "cpu", "resolution_ns", "window_offcpu_ns", "window_events", "window_preempted_events")
     PID_FIELD_NUMBER: _ClassVar[int]
     TID_FIELD_NUMBER: _ClassVar[int]
     START_NS_FIELD_NUMBER: _ClassVar[int]
@@ -136,6 +136,10 @@ class OffCpu(_message.Message):
     DURATION_NS_FIELD_NUMBER: _ClassVar[int]
     PREEMPTED_FIELD_NUMBER: _ClassVar[int]
     CPU_FIELD_NUMBER: _ClassVar[int]
+    RESOLUTION_NS_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_OFFCPU_NS_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_EVENTS_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_PREEMPTED_EVENTS_FIELD_NUMBER: _ClassVar[int]
     pid: int
     tid: int
     start_ns: int
@@ -143,37 +147,51 @@ class OffCpu(_message.Message):
     duration_ns: int
     preempted: bool
     cpu: int
-    def __init__(self, pid: _Optional[int] = ..., tid: _Optional[int] = ..., start_ns: _Optional[int] = ..., end_ns: _Optional[int] = ..., duration_ns: _Optional[int] = ..., preempted: _Optional[bool] = ..., cpu: _Optional[int] = ...) -> None: ...
+    resolution_ns: int
+    window_offcpu_ns: int
+    window_events: int
+    window_preempted_events: int
+    def __init__(self, pid: _Optional[int] = ..., tid: _Optional[int] = ..., start_ns: _Optional[int] = ..., end_ns: _Optional[int] = ..., duration_ns: _Optional[int] = ..., preempted: _Optional[bool] = ..., cpu: _Optional[int] = ..., resolution_ns: _Optional[int] = ..., window_offcpu_ns: _Optional[int] = ..., window_events: _Optional[int] = ..., window_preempted_events: _Optional[int] = ...) -> None: ...
 
 class RunQueueWait(_message.Message):
-    __slots__ = ("pid", "tid", "start_ns", "end_ns", "duration_ns", "cpu")
+    __slots__ = ("pid", "tid", "start_ns", "end_ns", "duration_ns", "cpu", "resolution_ns", "window_wait_ns", "window_events")
     PID_FIELD_NUMBER: _ClassVar[int]
     TID_FIELD_NUMBER: _ClassVar[int]
     START_NS_FIELD_NUMBER: _ClassVar[int]
     END_NS_FIELD_NUMBER: _ClassVar[int]
     DURATION_NS_FIELD_NUMBER: _ClassVar[int]
     CPU_FIELD_NUMBER: _ClassVar[int]
+    RESOLUTION_NS_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_WAIT_NS_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_EVENTS_FIELD_NUMBER: _ClassVar[int]
     pid: int
     tid: int
     start_ns: int
     end_ns: int
     duration_ns: int
     cpu: int
-    def __init__(self, pid: _Optional[int] = ..., tid: _Optional[int] = ..., start_ns: _Optional[int] = ..., end_ns: _Optional[int] = ..., duration_ns: _Optional[int] = ..., cpu: _Optional[int] = ...) -> None: ...
+    resolution_ns: int
+    window_wait_ns: int
+    window_events: int
+    def __init__(self, pid: _Optional[int] = ..., tid: _Optional[int] = ..., start_ns: _Optional[int] = ..., end_ns: _Optional[int] = ..., duration_ns: _Optional[int] = ..., cpu: _Optional[int] = ..., resolution_ns: _Optional[int] = ..., window_wait_ns: _Optional[int] = ..., window_events: _Optional[int] = ...) -> None: ...
 
 class Migration(_message.Message):
-    __slots__ = ("pid", "tid", "ts_ns", "from_cpu", "to_cpu")
+    __slots__ = ("pid", "tid", "ts_ns", "from_cpu", "to_cpu", "resolution_ns", "window_events")
     PID_FIELD_NUMBER: _ClassVar[int]
     TID_FIELD_NUMBER: _ClassVar[int]
     TS_NS_FIELD_NUMBER: _ClassVar[int]
     FROM_CPU_FIELD_NUMBER: _ClassVar[int]
     TO_CPU_FIELD_NUMBER: _ClassVar[int]
+    RESOLUTION_NS_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_EVENTS_FIELD_NUMBER: _ClassVar[int]
     pid: int
     tid: int
     ts_ns: int
     from_cpu: int
     to_cpu: int
-    def __init__(self, pid: _Optional[int] = ..., tid: _Optional[int] = ..., ts_ns: _Optional[int] = ..., from_cpu: _Optional[int] = ..., to_cpu: _Optional[int] = ...) -> None: ...
+    resolution_ns: int
+    window_events: int
+    def __init__(self, pid: _Optional[int] = ..., tid: _Optional[int] = ..., ts_ns: _Optional[int] = ..., from_cpu: _Optional[int] = ..., to_cpu: _Optional[int] = ..., resolution_ns: _Optional[int] = ..., window_events: _Optional[int] = ...) -> None: ...
 
 class GpuSample(_message.Message):
     __slots__ = ("gpu", "ts_ns", "sm_clock_mhz", "mem_clock_mhz", "power_mw", "temp_c", "util_pct", "clock_event_reasons", "source")
@@ -198,7 +216,7 @@ class GpuSample(_message.Message):
     def __init__(self, gpu: _Optional[int] = ..., ts_ns: _Optional[int] = ..., sm_clock_mhz: _Optional[int] = ..., mem_clock_mhz: _Optional[int] = ..., power_mw: _Optional[int] = ..., temp_c: _Optional[int] = ..., util_pct: _Optional[int] = ..., clock_event_reasons: _Optional[int] = ..., source: _Optional[str] = ...) -> None: ...
 
 class StallAlert(_message.Message):
-    __slots__ = ("run_id", "pid", "tid", "stage", "batch", "start_ns", "end_ns", "duration_ns", "baseline_ns", "ratio", "gc_overlap_ns", "gc_generation", "offcpu_ns", "preempted_ns", "cause")
+    __slots__ = ("run_id", "pid", "tid", "stage", "batch", "start_ns", "end_ns", "duration_ns", "baseline_ns", "ratio", "gc_overlap_ns", "gc_generation", "offcpu_ns", "preempted_ns", "cause", "offcpu_sampled")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     TID_FIELD_NUMBER: _ClassVar[int]
@@ -214,6 +232,7 @@ class StallAlert(_message.Message):
     OFFCPU_NS_FIELD_NUMBER: _ClassVar[int]
     PREEMPTED_NS_FIELD_NUMBER: _ClassVar[int]
     CAUSE_FIELD_NUMBER: _ClassVar[int]
+    OFFCPU_SAMPLED_FIELD_NUMBER: _ClassVar[int]
     run_id: int
     pid: int
     tid: int
@@ -229,7 +248,8 @@ class StallAlert(_message.Message):
     offcpu_ns: int
     preempted_ns: int
     cause: str
-    def __init__(self, run_id: _Optional[int] = ..., pid: _Optional[int] = ..., tid: _Optional[int] = ..., stage: _Optional[str] = ..., batch: _Optional[int] = ..., start_ns: _Optional[int] = ..., end_ns: _Optional[int] = ..., duration_ns: _Optional[int] = ..., baseline_ns: _Optional[int] = ..., ratio: _Optional[float] = ..., gc_overlap_ns: _Optional[int] = ..., gc_generation: _Optional[int] = ..., offcpu_ns: _Optional[int] = ..., preempted_ns: _Optional[int] = ..., cause: _Optional[str] = ...) -> None: ...
+    offcpu_sampled: bool
+    def __init__(self, run_id: _Optional[int] = ..., pid: _Optional[int] = ..., tid: _Optional[int] = ..., stage: _Optional[str] = ..., batch: _Optional[int] = ..., start_ns: _Optional[int] = ..., end_ns: _Optional[int] = ..., duration_ns: _Optional[int] = ..., baseline_ns: _Optional[int] = ..., ratio: _Optional[float] = ..., gc_overlap_ns: _Optional[int] = ..., gc_generation: _Optional[int] = ..., offcpu_ns: _Optional[int] = ..., preempted_ns: _Optional[int] = ..., cause: _Optional[str] = ..., offcpu_sampled: _Optional[bool] = ...) -> None: ...
 
 class Dropped(_message.Message):
     __slots__ = ("count", "total", "reason")

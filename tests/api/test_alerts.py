@@ -77,6 +77,7 @@ def test_alert_says_gc_and_off_cpu_inside_the_step():
     assert a["gc_overlap_ns"] == 40 * MS + 1 * MS and a["gc_generation"] == 2
     assert a["offcpu_ns"] == 5 * MS and a["preempted_ns"] == 5 * MS
     assert a["cause"] == "gc_gen2" and abs(a["ratio"] - 6.0) < 1e-9
+    assert a["offcpu_sampled"] is False
 
 
 def test_cause_names_the_largest_known_part():
@@ -99,3 +100,22 @@ def test_fanout_drops_only_what_the_subscriber_wanted_and_never_blocks():
     assert [t.num_rows for _, t in items] == [5]
     assert other.take(0) == ([], 0)
     assert fan.dropped_total() == 8
+
+
+def test_sampled_proc_windows_are_pro_rated_and_flagged():
+    """A /proc window row is a total over the window, not one interval."""
+    fan, det = detector()
+    s, e = 1000 * MS, 1000 * MS + 40 * MS
+    # a 100 ms window (covering the whole step) in which the thread was off CPU
+    # 50 ms, 3 of 4 switch-outs involuntary: the step's 40 ms get 20 ms off CPU,
+    # 15 ms of it preempted
+    off = pa.table({"pid": pa.array([4242], pa.int32()), "tid": pa.array([10], pa.int32()),
+                    "start_ns": [s - 30 * MS], "end_ns": [s + 70 * MS],
+                    "preempted": pa.array([None], pa.bool_()), "cpu": pa.array([None], pa.int16()),
+                    "resolution_ns": [100 * MS], "events": pa.array([4], pa.int32()),
+                    "preempted_events": pa.array([3], pa.int32()), "offcpu_ns": [50 * MS]})
+    got = det.process([(pb.SPAN, spans(steady(10))), (pb.OFF_CPU, off),
+                       (pb.SPAN, spans([(1, 10, "step", "recurrent", 4, s, e)]))])
+    a = got.to_pylist()[0]
+    assert a["offcpu_ns"] == 20 * MS and a["preempted_ns"] == 15 * MS
+    assert a["offcpu_sampled"] is True and a["cause"] == "preempted"
