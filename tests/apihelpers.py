@@ -2,6 +2,8 @@
 
 import time
 
+import pytest
+
 from daemonproc import DaemonProcess
 
 
@@ -29,3 +31,24 @@ def stop(d):
     if d.proc is not None and d.proc.poll() is None:
         rc, _ = d.stop()
         assert rc == 0, d.read_log()
+
+
+# Fixtures, imported by the API test modules. (Not in a tests/api/conftest.py:
+# other test folders do `from conftest import ...`, and a second module named
+# conftest would shadow tests/conftest.py for them.)
+@pytest.fixture
+def api_daemon(tmp_path):
+    d = start_api_daemon(tmp_path)
+    yield d
+    if d.proc.poll() is None:
+        d.proc.kill()
+        d.proc.wait()
+
+
+@pytest.fixture
+def client(api_daemon):
+    from stallscope.api.client import Client
+    c = Client(api_daemon.api_socket)
+    c.wait_ready()
+    yield c
+    c.close()

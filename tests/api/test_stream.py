@@ -11,7 +11,7 @@ import time
 import grpc
 
 import probe_client
-from apihelpers import stop, wait_for
+from apihelpers import api_daemon, client, stop, wait_for  # noqa: F401 (fixtures)
 from stallscope.api import stallscope_pb2 as pb
 from stallscope.api.client import Client
 
