@@ -47,6 +47,13 @@ def build_parser():
     d.add_argument("--db", default=_env("STALLSCOPE_DB", DEFAULT_DB), help="DuckDB file")
     d.add_argument("--api-socket", default=None,
                    help=f"gRPC API Unix socket (e.g. {DEFAULT_API_SOCKET}); none by default")
+    # --- gRPC API over TCP (TLS only; see docs/api.md) ---
+    d.add_argument("--grpc-listen", metavar="HOST:PORT", default=None,
+                   help="also serve the API on TCP; needs --tls-cert and --tls-key")
+    d.add_argument("--tls-cert", default=None, help="PEM certificate chain for --grpc-listen")
+    d.add_argument("--tls-key", default=None, help="PEM private key for --grpc-listen")
+    d.add_argument("--tls-client-ca", default=None,
+                   help="PEM CA bundle: require client certificates it signed (mutual TLS)")
     d.add_argument("--pid", type=int, action="append", default=[],
                    help="also trace this process's threads (no probe client needed)")
     d.add_argument("--sched-backend", choices=["bcc", "perf", "proc", "none"],
@@ -122,10 +129,25 @@ def cmd_daemon(args):
         raise UserError(f"--gpus wants indices like 0,1, not {args.gpus!r}") from None
     settings = ProbeSettings(gpu_poll_hz=args.gpu_poll_hz, sched_poll_hz=args.proc_poll_hz,
                              gpus=gpus)
+    api_options = _api_options(args)
     daemon = Daemon(args.socket, args.db, api_socket=args.api_socket, pids=args.pid,
                     sched_backend=args.sched_backend, gpu_backend=args.gpu_backend,
-                    settings=settings, allowed_uids=args.allow_uid)
+                    settings=settings, allowed_uids=args.allow_uid, api_options=api_options)
     return daemon.run()
+
+
+def _api_options(args):
+    """TCP/TLS options for the API; refuses plain-text TCP before anything starts."""
+    options = {"listen": args.grpc_listen, "tls_cert": args.tls_cert,
+               "tls_key": args.tls_key, "client_ca": args.tls_client_ca}
+    if not any(options.values()):
+        return {}
+    from .api.server import ApiConfigError, check_api_options
+    try:
+        check_api_options(args.api_socket, **options)
+    except ApiConfigError as exc:
+        raise UserError(str(exc)) from None
+    return options
 
 
 def cmd_demo(args):

@@ -27,6 +27,19 @@ log = logging.getLogger("stallscope.store")
 
 SCHEMA_DIR = Path(__file__).with_name("schema")
 
+# The gRPC Query rpc runs users' SQL on cursors of this same database, and
+# DuckDB applies these settings per database instance (one process cannot
+# open the file twice with different ones): so the whole instance gets no
+# file or network access and no extension loading, and its configuration is
+# locked once the schema is in place. The daemon's own writes (registered
+# Arrow tables + INSERT BY NAME) need none of it; exports use pyarrow.
+SANDBOX_CONFIG = {
+    "enable_external_access": False,
+    "autoinstall_known_extensions": False,
+    "autoload_known_extensions": False,
+    "allow_community_extensions": False,
+}
+
 
 def _as_arrow(columns):
     """Columns (name -> numpy array, pyarrow array or list) as a pa.Table."""
@@ -52,14 +65,20 @@ def apply_schema(con):
 class Store:
     """The daemon's one writable connection to the database file."""
 
-    def __init__(self, path, flush_interval_s=0.2, memory_limit="128MB"):
+    def __init__(self, path, flush_interval_s=0.2, memory_limit="128MB", sandbox=True):
         self.path = str(path)
         parent = os.path.dirname(os.path.abspath(self.path))
         os.makedirs(parent, exist_ok=True)
         # DuckDB's buffer pool defaults to 80% of RAM; a tracing daemon on a
         # serving host must stay small (measured in bench/ingest_throughput.py).
-        self.con = duckdb.connect(self.path, config={"memory_limit": memory_limit})
+        config = {"memory_limit": memory_limit}
+        if sandbox:
+            config.update(SANDBOX_CONFIG)
+        self.con = duckdb.connect(self.path, config=config)
         apply_schema(self.con)
+        if sandbox:
+            self.con.execute("SET lock_configuration = true")
+        self.sandboxed = sandbox
         self.flush_interval_s = flush_interval_s
         self._lock = threading.Lock()
         self._tables = {}       # table -> list of pa.Table waiting
