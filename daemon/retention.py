@@ -179,9 +179,14 @@ class Retention:
         return done
 
     def _trim_to_size(self, cur, run_tables, timed, target_b, done):
+        """Delete the oldest ended runs until the used size is under target_b.
+        Space comes back a whole row group at a time, so a round may free
+        nothing: then the batch doubles; once a round frees space, the next
+        batch is sized from the space freed per run, to avoid overshooting."""
         batch = 1
         for _ in range(64):
-            if used_bytes(cur, self.store.path) <= target_b:
+            used = used_bytes(cur, self.store.path)
+            if used <= target_b:
                 return
             ended = [r[0] for r in cur.execute(
                 "SELECT run_id FROM runs WHERE ended_ns IS NOT NULL ORDER BY run_id LIMIT ?",
@@ -201,7 +206,13 @@ class Retention:
                 log.warning("database is over its size limit (%.1f MiB) but only connected "
                             "runs are left to delete", target_b / SIZE_TARGET_FRACTION / 2**20)
                 return
-            batch *= 2
+            freed = used - used_bytes(cur, self.store.path)
+            if freed > 0 and ended:
+                per_run = freed / len(ended)
+                excess = used - freed - target_b
+                batch = max(1, int(-(-excess // per_run)))
+            else:
+                batch *= 2
 
     def _delete_runs(self, cur, run_ids, run_tables, done):
         if not run_ids:
