@@ -16,9 +16,9 @@ from stallscope import activation
 INSTALL = str(REPO / "scripts" / "install.sh")
 UNITDIR = "usr/local/lib/systemd/system"
 VENV = REPO / ".venv"
-# Measured with systemd 252 (docs/systemd.md): 1.5. A change that raises it
+# Measured with systemd 252 (docs/systemd.md): 1.6. A change that raises it
 # must be argued in the docs and this figure updated with it.
-MEASURED_EXPOSURE = 1.5
+MEASURED_EXPOSURE = 1.6
 EXPOSURE_MARGIN = 0.2
 # Measured (docs/systemd.md): what the bcc, perf and NVML probes need, no more.
 CAPABILITIES = {"CAP_BPF", "CAP_PERFMON", "CAP_DAC_READ_SEARCH"}
