@@ -146,3 +146,55 @@ def proc_backend_available():
         return cls is not None
     except Exception:
         return False
+
+
+def syscall_groups():
+    """{'@group': [members]} as this systemd defines them."""
+    out = subprocess.run(["systemd-analyze", "syscall-filter"], capture_output=True,
+                         text=True, check=True).stdout
+    groups, current = {}, None
+    for line in out.splitlines():
+        if line.startswith("@"):
+            current = line.split()[0]
+            groups[current] = []
+        elif current and line.strip() and not line.strip().startswith("#"):
+            groups[current].append(line.strip().split()[0])
+    return groups
+
+
+def allowed_syscalls(unit_text):
+    """The final allow set of a unit's SystemCallFilter= lines (allow list first,
+    then ~deny lines remove and plain lines add, in order, as systemd merges them)."""
+    groups = syscall_groups()
+
+    def expand(name):
+        if name.startswith("@"):
+            return set().union(*(expand(m) for m in groups.get(name, []))) \
+                if groups.get(name) else set()
+        return {name}
+    allow = None
+    for line in unit_text.splitlines():
+        line = line.strip()
+        if not line.startswith("SystemCallFilter="):
+            continue
+        value = line.split("=", 1)[1]
+        names = set().union(*(expand(t) for t in value.lstrip("~").split()))
+        if allow is None:
+            assert not value.startswith("~"), "expected an allow list first"
+            allow = set()
+        if value.startswith("~"):
+            allow -= names
+        else:
+            allow |= names
+    return allow or set()
+
+
+def strace_summary_syscalls(path):
+    """Syscall names from an `strace -c` summary file."""
+    names = set()
+    for line in Path(path).read_text().splitlines()[2:]:
+        parts = line.split()
+        if parts and parts[-1].replace("_", "").isalnum() and parts[-1] != "total" \
+                and not parts[-1].startswith("-"):
+            names.add(parts[-1])
+    return names
