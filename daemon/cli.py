@@ -63,6 +63,8 @@ def build_parser():
     d.add_argument("--gpu-backend", choices=["auto", "nvml", "none"],
                    help="force the GPU probe on or off (default: on when a GPU exists)")
     d.add_argument("--gpu-poll-hz", type=float, default=None, help="NVML polling rate (10)")
+    d.add_argument("--gpus", default=None,
+                   help="NVML indices to sample, e.g. 0,1 (default all)")
     d.add_argument("--proc-poll-hz", type=float, default=None,
                    help="/proc scheduling backend sampling rate (100)")
     d.add_argument("--allow-uid", type=int, action="append", default=None,
@@ -131,7 +133,13 @@ def cmd_daemon(args):
     from .probes.base import ProbeSettings
     from .retention import Limits
     from .server import Daemon
-    source = config.Source(flags=vars(args), config_file=args.config)
+    flags = dict(vars(args))
+    if flags.get("gpus") is not None:
+        try:
+            flags["gpus"] = [int(g) for g in flags["gpus"].split(",") if g.strip()]
+        except ValueError:
+            raise UserError(f"--gpus wants indices like 0,1, not {args.gpus!r}") from None
+    source = config.Source(flags=flags, config_file=args.config)
     try:
         cfg = source.load()
     except config.ConfigError as exc:

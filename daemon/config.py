@@ -72,7 +72,7 @@ KEYS = [
         live=True, minimum=0.1, doc="/proc scheduling backend sampling rate, Hz"),
     Key("probes", "gpu_poll_hz", "float", 10.0, "STALLSCOPE_GPU_POLL_HZ", "gpu_poll_hz",
         live=True, minimum=0.1, doc="NVML polling rate, Hz"),
-    Key("probes", "gpus", "ints", [], "STALLSCOPE_GPUS", None,
+    Key("probes", "gpus", "ints", [], "STALLSCOPE_GPUS", "gpus",
         doc="NVML device indices to sample; empty = all"),
     Key("retention", "max_db_mb", "float", 10240.0, "STALLSCOPE_MAX_DB_MB", "max_db_mb",
         live=True, minimum=0, doc="keep the database's used size under this many MiB; 0 = no limit"),
