@@ -48,8 +48,8 @@ def build_parser():
                                    "variables, then the config file, then defaults "
                                    "(docs/systemd.md). SIGHUP reloads rates and retention.")
     d.add_argument("--config", default=None,
-                   help="TOML configuration file (default: $STALLSCOPE_CONFIG, else "
-                        "/etc/stallscope/stallscope.toml when it exists)")
+                   help="TOML configuration file (default: $STALLSCOPE_CONFIG; the "
+                        "service uses /etc/stallscope/stallscope.toml)")
     d.add_argument("--socket", default=None,
                    help=f"probe socket path (default: $STALLSCOPE_SOCKET, config, {DEFAULT_SOCKET}); "
                         "ignored when systemd passes the socket")

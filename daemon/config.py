@@ -1,8 +1,8 @@
 """The daemon's configuration: defaults, /etc/stallscope/stallscope.toml, environment, flags.
 
 Precedence, highest first: command-line flags, then STALLSCOPE_* environment
-variables, then the TOML file (`--config PATH`, else $STALLSCOPE_CONFIG,
-else /etc/stallscope/stallscope.toml when it exists), then the defaults in
+variables, then the TOML file (`--config PATH`, else $STALLSCOPE_CONFIG;
+the unit passes /etc/stallscope/stallscope.toml), then the defaults in
 `KEYS`. Every key is declared once in `KEYS` with its type, default,
 environment variable, flag and whether it can change on SIGHUP ("live").
 A file that does not parse, an unknown key or a value of the wrong type is
@@ -27,6 +27,7 @@ except ModuleNotFoundError:  # Python 3.10
     except ModuleNotFoundError:
         _toml = None
 
+# Where scripts/install.sh puts the file and the unit points --config.
 DEFAULT_CONFIG = "/etc/stallscope/stallscope.toml"
 CONFIG_ENV = "STALLSCOPE_CONFIG"
 
@@ -225,25 +226,19 @@ def _locate_key_anywhere(text, name):
 
 
 def config_path(flag_path=None, environ=None):
-    """(path, required): the file to read and whether its absence is an error."""
+    """The file to read, or None. There is no implicit default: the unit passes
+    `--config /etc/stallscope/stallscope.toml`, so a daemon started by hand or
+    by a test never picks up the host's service configuration by surprise."""
     env = os.environ if environ is None else environ
-    if flag_path:
-        return flag_path, True
-    if env.get(CONFIG_ENV):
-        return env[CONFIG_ENV], True
-    return DEFAULT_CONFIG, False
+    return flag_path or env.get(CONFIG_ENV) or None
 
 
 def resolve(flags=None, config_file=None, environ=None):
     """The effective Config. `flags`: {argparse dest: value or None (not given)}."""
     env = os.environ if environ is None else environ
     flags = flags or {}
-    path, required = config_path(config_file, env)
-    file_values = {}
-    if required or os.path.exists(path):
-        file_values = read_file(path)
-    else:
-        path = None
+    path = config_path(config_file, env)
+    file_values = read_file(path) if path else {}
     values, sources = {}, {}
     for key in KEYS:
         flag_value = flags.get(key.flag) if key.flag else None

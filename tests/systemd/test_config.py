@@ -125,3 +125,11 @@ def test_sighup_changes_a_rate_and_refuses_a_bad_file(tmp_path):
         rows = svc.query("SELECT detail FROM probe_status WHERE probe = 'sched' "
                          "AND detail LIKE 'reconfigured%'")
         assert rows and "sched_poll_hz=25" in rows[0][0]
+
+
+def test_no_implicit_config_file(tmp_path, monkeypatch):
+    """Only --config or $STALLSCOPE_CONFIG name a file: defaults otherwise."""
+    monkeypatch.chdir(tmp_path)
+    cfg = config.resolve({}, None, {})
+    assert cfg.path is None
+    assert set(cfg.sources.values()) == {"default"}

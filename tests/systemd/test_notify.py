@@ -65,7 +65,7 @@ def test_watchdog_pings_at_half_the_interval(tmp_path, listener):
     # Never later than the manager's deadline, and not every loop tick either.
     assert max(gaps) < watchdog_usec / 1e6, gaps
     assert min(gaps) > 0.5, gaps
-    assert 0.8 < statistics.median(gaps) < 1.4, gaps
+    assert 0.8 < statistics.median(gaps) < 1.9, gaps
 
 
 def test_no_watchdog_pings_for_another_pid(tmp_path, listener):
