@@ -128,6 +128,10 @@ class Store:
         """A cursor on the same database for reads from another thread."""
         return self.con.cursor()
 
+    def exclusive(self):
+        """A lock that holds the writer off (retention's deletes and CHECKPOINT)."""
+        return self._flush_lock
+
     # ----- writer ------------------------------------------------------------
     def start(self):
         self._thread = threading.Thread(target=self._run, name="store-writer", daemon=True)
