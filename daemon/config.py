@@ -259,9 +259,9 @@ def resolve(flags=None, config_file=None, environ=None):
 def _check_combinations(values, path):
     where = path or "configuration"
     if values["api.listen"] and not (values["api.tls_cert"] and values["api.tls_key"]):
-        raise ConfigError(f"{where}: api.listen = {values['api.listen']!r} needs api.tls_cert "
-                          "and api.tls_key (gRPC on TCP is TLS only; use api.socket for a "
-                          "local Unix socket)")
+        raise ConfigError(f"{where}: refusing to serve the API on TCP {values['api.listen']} "
+                          "without TLS: set api.tls_cert and api.tls_key (--tls-cert, "
+                          "--tls-key), or use api.socket for a local Unix socket")
     if bool(values["api.tls_cert"]) != bool(values["api.tls_key"]):
         raise ConfigError(f"{where}: api.tls_cert and api.tls_key go together")
 

@@ -210,7 +210,10 @@ class Retention:
             if freed > 0 and ended:
                 per_run = freed / len(ended)
                 excess = used - freed - target_b
-                batch = max(1, int(-(-excess // per_run)))
+                # Half of the estimate: one run's freed space is a noisy
+                # measure (row groups free in steps), and deleting too much
+                # cannot be undone, while one more round is cheap.
+                batch = max(1, int(-(-excess // per_run)) // 2)
             else:
                 batch *= 2
 
