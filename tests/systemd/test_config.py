@@ -40,7 +40,7 @@ def test_precedence_flags_env_file_defaults(tmp_path):
     ("[probes]\ngpu_poll_hz = 0\n", ":2: probes.gpu_poll_hz: 0 is below the minimum"),
     ("[probes]\nsched_backend = \"ebpf\"\n", "'ebpf' is not one of auto, bcc, perf, proc, none"),
     ("[retention]\nmax_db_mb = 5\n[probes\n", "line 3"),
-    ("[api]\nlisten = \"0.0.0.0:7000\"\n", "needs api.tls_cert and api.tls_key"),
+    ("[api]\nlisten = \"0.0.0.0:7000\"\n", "without TLS: set api.tls_cert and api.tls_key"),
 ])
 def test_bad_files_are_refused_with_line_and_reason(tmp_path, expected, text):
     path = write(tmp_path, text)
