@@ -32,8 +32,9 @@ def _bcc_ok():
     return os.path.isdir("/sys/kernel/tracing/events/sched")
 
 
-@pytest.fixture
-def traced_run(tmp_path):
+@pytest.fixture(scope="module")
+def traced_run(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("e2e")
     require_privileged(is_root() and _bcc_ok(),
                        "requires root, bcc (python3-bpfcc) and tracefs: run make test as root")
     daemon = DaemonProcess(tmp_path, sched_backend="bcc").start()
