@@ -35,6 +35,10 @@ RECORD_DTYPE = np.dtype([
 assert RECORD_DTYPE.itemsize == wire.RECORD_SIZE
 
 _PEERCRED = struct.Struct("3i")
+_INT64_MAX = (1 << 63) - 1
+# Sequence numbers at or above this are rejected (`seq_out_of_range`): they
+# are stored as BIGINT, and no client makes 2^62 records.
+SEQ_LIMIT = 1 << 62
 _RECV_MAX = wire.HEADER_SIZE + wire.HELLO_MAX
 _TYPE_SPAN = bytes([wire.REC_SPAN])
 _TYPE_GC = bytes([wire.REC_GC])
@@ -90,7 +94,8 @@ class Ingest:
         self.on_untrack = on_untrack or (lambda pid: None)
         self.selector = selectors.DefaultSelector()
         self.conns = {}             # fd -> Connection
-        self.runs_by_token = {}     # client token -> RunState
+        self.runs = {}              # run_id -> RunState (what decode_pending walks)
+        self.runs_by_token = {}     # (client token, kernel pid) -> RunState, for resuming
         self.rejections = Counter()
         self._pending_rejections = Counter()   # (run_id, pid, reason) -> n
         self.datagrams = 0
@@ -190,7 +195,12 @@ class Ingest:
             if not data:
                 self._close(conn)
                 return
-            self._datagram(conn, data)
+            try:
+                self._datagram(conn, data)
+            except Exception:
+                if self.rejections["internal_error"] < 10:
+                    log.exception("bug: datagram from pid %d could not be handled", conn.pid)
+                self._reject(conn.run.run_id if conn.run else None, conn.pid, "internal_error")
             if conn.closing:
                 self._close(conn)
                 return
@@ -210,6 +220,7 @@ class Ingest:
             return self._reject(run_id, conn.pid, "short_datagram")
         (magic, version, kind, count, rsize, first_seq, sent_ns, drops_full,
          drops_disc) = wire.HEADER.unpack_from(data)
+        sent_ns = min(sent_ns, _INT64_MAX)  # stored as BIGINT; a lie must not fail a flush
         if magic != wire.MAGIC:
             return self._reject(run_id, conn.pid, "bad_magic")
         if version != wire.VERSION:
@@ -217,11 +228,21 @@ class Ingest:
         if kind == wire.DGRAM_HELLO:
             if run is not None:
                 return self._reject(run_id, conn.pid, "duplicate_hello")
+            if first_seq >= SEQ_LIMIT:
+                return self._reject(None, conn.pid, "seq_out_of_range")
             return self._hello(conn, data, first_seq, sent_ns)
         if kind == wire.DGRAM_BYE:
             if run is None:
                 return self._reject(None, conn.pid, "no_hello")
             conn.closing = True
+            if first_seq < SEQ_LIMIT:
+                with self._lock:
+                    # Records the client numbered but could not send after its
+                    # last datagram (a full socket at close) are a loss too.
+                    if first_seq > run.expected_seq:
+                        self._gap(run, first_seq - run.expected_seq, sent_ns, drops_full,
+                                  drops_disc)
+                        run.expected_seq = first_seq
             return None
         if kind != wire.DGRAM_RECORDS:
             return self._reject(run_id, conn.pid, "bad_kind")
@@ -236,11 +257,17 @@ class Ingest:
         types = data[wire.HEADER_SIZE::wire.RECORD_SIZE]
         n_strings = types.count(_TYPE_STRING)
         n_seq = count - n_strings
+        if first_seq >= SEQ_LIMIT:
+            return self._reject(run_id, conn.pid, "seq_out_of_range")
         with self._lock:
             if first_seq < run.expected_seq:
                 return self._reject(run_id, conn.pid, "seq_regress")
             if first_seq > run.expected_seq:
                 self._gap(run, first_seq - run.expected_seq, sent_ns, drops_full, drops_disc)
+                # Counted once: a datagram of only STRING records (sent after
+                # a drop, before the records that use the new name) carries
+                # the gap too, and the next datagram must not count it again.
+                run.expected_seq = first_seq
             run.drops_full, run.drops_disconnected = drops_full, drops_disc
             run.last_sent_ns = sent_ns
             if n_strings:
@@ -293,13 +320,15 @@ class Ingest:
             if not isinstance(info, dict):
                 raise ValueError("not an object")
             token = int(info.get("run_token", 0)) & 0xFFFFFFFFFFFFFFFF
-        except (ValueError, UnicodeDecodeError, TypeError):
+        except (ValueError, TypeError, OverflowError, RecursionError):
+            # UnicodeDecodeError is a ValueError; Infinity is an OverflowError;
+            # "[[[[..." nested 5000 deep is a RecursionError.
             return self._reject(None, conn.pid, "bad_hello")
         now = time.monotonic_ns()
         with self._lock:
-            run = self.runs_by_token.get(token) if token else None
-            if run is not None and run.pid != conn.pid:
-                run = None  # a token is only honoured for the same process
+            # A token is only honoured for the same kernel pid, and token 0
+            # (none given) never resumes anything: two runs never share state.
+            run = self.runs_by_token.get((token, conn.pid)) if token else None
             if run is None:
                 run = self._known_run(token, conn.pid)
             if run is None:
@@ -322,7 +351,9 @@ class Ingest:
             run.connected = True
             run.last_sent_ns = sent_ns
             conn.run = run
-            self.runs_by_token[token] = run
+            self.runs[run.run_id] = run
+            if token:
+                self.runs_by_token[(token, conn.pid)] = run
         log.info("run %d: pid %d uid %d connected (%s)", run.run_id, conn.pid, conn.uid,
                  info.get("label") or "no label")
         self.on_track(conn.pid)
@@ -332,13 +363,17 @@ class Ingest:
         """A run this database already holds (the daemon was restarted)."""
         if not token:
             return None
-        cur = self.store.cursor()
         try:
-            row = cur.execute("SELECT run_id, last_seq FROM runs WHERE client_token = ? "
-                              "AND pid = ? ORDER BY run_id DESC LIMIT 1",
-                              [token, pid]).fetchone()
-        finally:
-            cur.close()
+            cur = self.store.cursor()
+            try:
+                row = cur.execute("SELECT run_id, last_seq FROM runs WHERE client_token = ? "
+                                  "AND pid = ? ORDER BY run_id DESC LIMIT 1",
+                                  [token, pid]).fetchone()
+            finally:
+                cur.close()
+        except Exception as exc:  # the store may be reopening after a disk error
+            log.warning("could not look up run token for pid %d: %s", pid, exc)
+            return None
         if row is None:
             return None
         run = RunState(row[0], token, pid, (row[1] if row[1] is not None else -1) + 1)
@@ -347,7 +382,7 @@ class Ingest:
 
     def _insert_run(self, run, conn, info, now):
         def ints(v):
-            return [int(x) for x in v] if isinstance(v, list) else None
+            return [_int(x, 32) for x in v[:16]] if isinstance(v, list) else None
         argv = info.get("argv")
         self.store.sql(
             "INSERT INTO runs (run_id, pid, uid, gid, claimed_pid, tid, label, host, "
@@ -355,7 +390,7 @@ class Ingest:
             "gc_count, freeze_count, gc_enabled, argv, client_token, connected_ns, last_seq, "
             "records, connections) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, "
             "?, ?, ?, ?, 0, 1)",
-            [run.run_id, conn.pid, conn.uid, conn.gid, _int(info.get("pid")),
+            [run.run_id, conn.pid, conn.uid, conn.gid, _int(info.get("pid"), 32),
              _int(info.get("tid")), str(info.get("label") or "")[:200], self.host,
              _int(info.get("monotonic_ns")), _int(info.get("realtime_ns")),
              str(info.get("python") or "")[:40], str(info.get("implementation") or "")[:40],
@@ -396,7 +431,7 @@ class Ingest:
         """Turn every run's queued record bytes into column batches for the store."""
         with self._lock:
             work = []
-            for run in self.runs_by_token.values():
+            for run in self.runs.values():
                 if run.chunks:
                     work.append((run, run.chunks, run.first_seqs, run.counts, list(run.names)))
                     run.chunks, run.first_seqs, run.counts = [], [], []
@@ -404,7 +439,7 @@ class Ingest:
             rejections, self._pending_rejections = self._pending_rejections, Counter()
         for run, chunks, first_seqs, counts, names in work:
             self._decode_run(run, chunks, first_seqs, counts, names)
-        for run in list(self.runs_by_token.values()):
+        for run in list(self.runs.values()):
             if run.unflushed:
                 run.unflushed = False
                 self.store.sql("UPDATE runs SET last_seq = ?, records = ? WHERE run_id = ?",
@@ -502,8 +537,12 @@ class Ingest:
                 "rejections": dict(self.rejections)}
 
 
-def _int(v):
+def _int(v, bits=64):
+    """A client-supplied number as an int that fits a signed `bits` column, else None."""
     try:
-        return int(v) if v is not None else None
-    except (TypeError, ValueError):
+        n = int(v) if v is not None else None
+    except (TypeError, ValueError, OverflowError):
         return None
+    if n is not None and not -(1 << (bits - 1)) <= n < (1 << (bits - 1)):
+        return None
+    return n
