@@ -98,6 +98,7 @@ class Ingest:
         self.runs_by_token = {}     # (client token, kernel pid) -> RunState, for resuming
         self.rejections = Counter()
         self._pending_rejections = Counter()   # (run_id, pid, reason) -> n
+        self._losses = []           # (run_id, start_ns, end_ns, count, reason) to append
         self.datagrams = 0
         self.records_received = 0
         self.lost_records = 0
@@ -309,10 +310,11 @@ class Ingest:
         self._loss(run, missing, run.last_sent_ns or sent_ns, sent_ns, reason)
 
     def _loss(self, run, count, start_ns, end_ns, reason):
+        # Queued as rows and appended as one batch per decode: one INSERT
+        # statement per gap costs ~2.5 ms of the writer's time here, and an
+        # overloaded client makes a gap per datagram.
         self.lost_records += count
-        self.store.sql(
-            "INSERT INTO losses (run_id, probe, start_ns, end_ns, count, reason) "
-            "VALUES (?, 'client', ?, ?, ?, ?)", [run.run_id, start_ns, end_ns, count, reason])
+        self._losses.append((run.run_id, start_ns, end_ns, count, reason))
 
     def _hello(self, conn, data, first_seq, sent_ns):
         try:
@@ -437,13 +439,29 @@ class Ingest:
                     run.chunks, run.first_seqs, run.counts = [], [], []
                     run.unflushed = True
             rejections, self._pending_rejections = self._pending_rejections, Counter()
+            losses, self._losses = self._losses, []
+        if losses:
+            cols = list(zip(*losses))
+            self.store.append("losses", {
+                "run_id": np.array(cols[0], dtype=np.int64),
+                "probe": ["client"] * len(losses),
+                "start_ns": np.array(cols[1], dtype=np.int64),
+                "end_ns": np.array(cols[2], dtype=np.int64),
+                "count": np.array(cols[3], dtype=np.int64), "reason": list(cols[4])})
         for run, chunks, first_seqs, counts, names in work:
             self._decode_run(run, chunks, first_seqs, counts, names)
+        updates = []
         for run in list(self.runs.values()):
             if run.unflushed:
                 run.unflushed = False
-                self.store.sql("UPDATE runs SET last_seq = ?, records = ? WHERE run_id = ?",
-                               [run.expected_seq - 1, run.records, run.run_id])
+                updates.append((run.run_id, run.expected_seq - 1, run.records))
+        if updates:
+            # One statement for every run (not one each: ~2.5 ms apiece).
+            ids, last, recs = (list(c) for c in zip(*updates))
+            self.store.sql("UPDATE runs SET last_seq = u.last_seq, records = u.records "
+                           "FROM (SELECT unnest(?::BIGINT[]) AS run_id, "
+                           "unnest(?::BIGINT[]) AS last_seq, unnest(?::BIGINT[]) AS records) u "
+                           "WHERE runs.run_id = u.run_id", [ids, last, recs])
         if rejections:
             now = time.monotonic_ns()
             keys = list(rejections)
