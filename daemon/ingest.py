@@ -39,6 +39,8 @@ _INT64_MAX = (1 << 63) - 1
 # Sequence numbers at or above this are rejected (`seq_out_of_range`): they
 # are stored as BIGINT, and no client makes 2^62 records.
 SEQ_LIMIT = 1 << 62
+# How long shutdown keeps reading what clients already sent.
+SHUTDOWN_DRAIN_S = 1.0
 _RECV_MAX = wire.HEADER_SIZE + wire.HELLO_MAX
 _TYPE_SPAN = bytes([wire.REC_SPAN])
 _TYPE_GC = bytes([wire.REC_GC])
@@ -205,6 +207,7 @@ class Ingest:
             if conn.closing:
                 self._close(conn)
                 return
+        return True  # the bound was hit: more may be waiting
 
     def drain(self):
         """Read everything already queued on every connection (shutdown)."""
@@ -530,14 +533,21 @@ class Ingest:
 
     # ----- shutdown ------------------------------------------------------------------
     def close(self):
-        """Stop accepting, read what is queued, decode it (the caller flushes)."""
+        """Stop accepting, read what is queued, decode it (the caller flushes).
+
+        Connections waiting in the listen backlog and every datagram already
+        queued on a connection hold records clients consider sent: all are
+        read (for at most `SHUTDOWN_DRAIN_S`, as clients may keep sending)."""
+        self._accept()
         try:
             self.selector.unregister(self.listener)
         except (KeyError, ValueError):
             pass
         self.listener.close()
-        for conn in list(self.conns.values()):
-            self._read(conn)
+        deadline = time.monotonic() + SHUTDOWN_DRAIN_S
+        pending = list(self.conns.values())
+        while pending and time.monotonic() < deadline:
+            pending = [conn for conn in pending if self._read(conn)]
         self.decode_pending()
         for conn in list(self.conns.values()):
             self._close(conn)
