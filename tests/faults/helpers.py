@@ -77,6 +77,9 @@ class Daemon(DaemonProcess):
         self.patch = patch or {}
 
     def start(self, wait=True):
+        # The log is appended to across restarts: readiness and later checks
+        # look only at what this start wrote.
+        self.log_offset = os.path.getsize(self.log) if os.path.exists(self.log) else 0
         if not self.patch:
             return super().start(wait)
         code = "import sys, importlib\n"
@@ -92,3 +95,30 @@ class Daemon(DaemonProcess):
         if wait:
             self.wait_ready()
         return self
+
+    def new_log(self):
+        """What the daemon logged since its latest start."""
+        with open(self.log, errors="replace") as f:
+            f.seek(self.log_offset)
+            return f.read()
+
+    def wait_ready(self, timeout_s=30):
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"daemon exited {self.proc.returncode}:\n{self.new_log()}")
+            if os.path.exists(self.socket) and "listening on" in self.new_log():
+                return
+            time.sleep(0.02)
+        raise RuntimeError(f"daemon not ready:\n{self.new_log()}")
+
+
+def require_root():
+    """Skip without root; in CI (STALLSCOPE_REQUIRE_PRIVILEGED=1) fail instead,
+    as tests/conftest.py's require_privileged does."""
+    import pytest
+    if os.geteuid() == 0:
+        return
+    if os.environ.get("STALLSCOPE_REQUIRE_PRIVILEGED") == "1":
+        pytest.fail("required in CI but unavailable: needs root (mount, setuid)", pytrace=False)
+    pytest.skip("needs root (mount, setuid)")
