@@ -441,7 +441,6 @@ class Ingest:
                     work.append((run, run.chunks, run.first_seqs, run.counts, list(run.names)))
                     run.chunks, run.first_seqs, run.counts = [], [], []
                     run.unflushed = True
-            rejections, self._pending_rejections = self._pending_rejections, Counter()
             losses, self._losses = self._losses, []
         if losses:
             cols = list(zip(*losses))
@@ -453,6 +452,10 @@ class Ingest:
                 "count": np.array(cols[3], dtype=np.int64), "reason": list(cols[4])})
         for run, chunks, first_seqs, counts, names in work:
             self._decode_run(run, chunks, first_seqs, counts, names)
+        with self._lock:
+            # Taken after decoding, so that what decoding rejected is written
+            # now, not one decode later (or never, at shutdown).
+            rejections, self._pending_rejections = self._pending_rejections, Counter()
         updates = []
         for run in list(self.runs.values()):
             if run.unflushed:

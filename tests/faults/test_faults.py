@@ -71,7 +71,7 @@ def test_sigstop_does_not_block_the_client(tmp_path, full, figures):
     """The daemon frozen (SIGSTOP) for 10 s (CI: 3 s): the client's step time
     stays within its normal bound, its drops are counted and reported."""
     stop_s = 10.0 if full else 3.0
-    run_s = stop_s + 4.0
+    run_s = stop_s + 3.0
     d = Daemon(tmp_path).start()
     try:
         base = finish_client(start_client(d.socket, 10_000, run_s, "baseline"))
@@ -189,7 +189,7 @@ def test_disk_full_daemon_says_so_keeps_clients_and_resumes(tmp_path, small_fs, 
 def test_traced_process_killed_mid_run_closes_its_run(tmp_path, figures):
     d = Daemon(tmp_path).start()
     try:
-        other = start_client(d.socket, 2000, 6.0, "bystander")
+        other = start_client(d.socket, 2000, 4.0, "bystander")
         ready = str(tmp_path / "ready")
         victim = start_client(d.socket, 10_000, 60.0, "victim", ready=ready)
         assert wait_for(lambda: os.path.exists(ready), 20)

@@ -11,6 +11,7 @@ arbitrary hello JSON: nothing may raise, nothing may fail a database write.
 
 import json
 import os
+import sys
 import time
 from collections import Counter
 
@@ -73,7 +74,7 @@ def _drive(ing, store, fz, n_datagrams, pids=(4001, 4002, 4003), decode_every=20
 
 
 def test_decoder_counts_every_rejection_and_stores_exactly_the_model(tmp_path, full, figures):
-    n = 1_000_000 if full else 60_000
+    n = 1_000_000 if full else 40_000
     seed = int(os.environ.get("STALLSCOPE_FUZZ_SEED", "8"))
     fz = Fuzzer(seed)
     store, ing = _ingest(tmp_path)
@@ -147,28 +148,51 @@ _datagram = st.one_of(
               st.lists(st.binary(min_size=32, max_size=32), max_size=8)))
 
 
-@settings(max_examples=int(os.environ.get("STALLSCOPE_HYPOTHESIS_EXAMPLES", "300")),
-          deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                HealthCheck.too_slow])
+_FULL = os.environ.get("STALLSCOPE_FULL_FAULTS") == "1" or "--full" in sys.argv
+_shared = {}
+
+
+def _shared_store(tmp_path_factory):
+    """One database for every example (a new one costs ~200 ms of schema)."""
+    if "store" not in _shared:
+        tmp = tmp_path_factory.mktemp("hyp")
+        _shared["dir"] = tmp
+        _shared["store"] = Store(str(tmp / "hyp.duckdb"))
+        _shared["n"] = 0
+    _shared["n"] += 1
+    return _shared["store"], _shared["dir"] / f"{_shared['n']}.sock"
+
+
+def _db_rejections(store):
+    cur = store.cursor()
+    try:
+        return Counter(dict(cur.execute("SELECT reason, sum(count)::BIGINT FROM ingest_errors "
+                                        "GROUP BY ALL").fetchall()))
+    finally:
+        cur.close()
+
+
+@settings(max_examples=3000 if _FULL else 150, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(st.lists(_datagram, min_size=1, max_size=30))
 def test_arbitrary_datagrams_never_raise_and_never_fail_a_write(tmp_path_factory, dgrams):
-    tmp = tmp_path_factory.mktemp("hyp")
-    store, ing = _ingest(tmp)
-    conn = Connection(FakeSock(), 4242, 0, 0)
-    hello = wire.HEADER.pack(wire.MAGIC, 1, wire.DGRAM_HELLO, 0, 32, 0, 1, 0, 0) + b"{}"
-    other = Connection(FakeSock(), 4243, 0, 0)
-    for d in dgrams:
-        ing._datagram(conn, d)           # raises = test failure
-        ing._datagram(other, hello if other.run is None else d)
-    ing.decode_pending()
-    store.flush()
+    store, sock_path = _shared_store(tmp_path_factory)
+    before = _db_rejections(store)
+    lost_before = store.rows_lost
+    ing = Ingest(store, socket_path=str(sock_path))
+    try:
+        conn = Connection(FakeSock(), 4242, 0, 0)
+        hello = wire.HEADER.pack(wire.MAGIC, 1, wire.DGRAM_HELLO, 0, 32, 0, 1, 0, 0) + b"{}"
+        other = Connection(FakeSock(), 4243, 0, 0)
+        for d in dgrams:
+            ing._datagram(conn, d)           # raises = test failure
+            ing._datagram(other, hello if other.run is None else d)
+        ing.decode_pending()
+        store.flush()
+    finally:
+        ing.listener.close()
     assert ing.rejections.get("internal_error", 0) == 0
-    assert store.rows_lost == 0 and store.rows_retained == 0, store.last_error
-    # Every datagram is accepted or rejected, never both; counters add up.
+    assert store.rows_lost == lost_before and store.rows_retained == 0, store.last_error
+    # Every datagram is accepted or rejected, and the database holds the counts.
     assert ing.datagrams == 2 * len(dgrams)
-    cur = store.cursor()
-    got = Counter(dict(cur.execute("SELECT reason, sum(count)::BIGINT FROM ingest_errors "
-                                   "GROUP BY ALL").fetchall()))
-    cur.close()
-    assert got == ing.rejections
-    store.close()
+    assert _db_rejections(store) - before == ing.rejections
