@@ -17,6 +17,8 @@ import pytest
 from helpers import (Daemon, finish_client, reconcile, require_root, start_client, vm_hwm_kb,
                      wait_for)
 
+pytestmark = pytest.mark.faults
+
 
 def _stored_rows(db):
     con = duckdb.connect(db, read_only=True)

@@ -16,12 +16,15 @@ import time
 from collections import Counter
 
 import duckdb
+import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from fuzzwire import Fuzzer
 from probe_client import wire
 from stallscope.ingest import Connection, Ingest
 from stallscope.store import Store
+
+pytestmark = pytest.mark.faults
 
 
 class FakeSock:

@@ -12,8 +12,12 @@ import os
 import socket
 import time
 
+import pytest
+
 from fuzzwire import Fuzzer
 from helpers import Daemon, finish_client, reconcile, start_client, vm_hwm_kb
+
+pytestmark = pytest.mark.faults
 
 
 def test_live_socket_fuzz_counts_every_rejection_and_spares_good_clients(tmp_path, full,

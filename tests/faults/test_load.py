@@ -10,7 +10,11 @@ daemon's to report; the test asserts the accounting, not a drop rate.
 
 import time
 
+import pytest
+
 from helpers import Daemon, finish_client, reconcile, start_client, vm_hwm_kb
+
+pytestmark = pytest.mark.faults
 
 RSS_BOUND_KB = 1024 * 1024   # 1 GiB: generous; the figure is what RELIABILITY.md tracks
 

@@ -16,14 +16,16 @@ import shutil
 import stat
 import subprocess
 import sys
-import tempfile
 import socket
+import tempfile
 
 import pytest
 
 import probe_client
 from helpers import Daemon, require_root
 from probe_client import wire
+
+pytestmark = pytest.mark.faults
 
 NOBODY = 65534
 OTHER = 65533
