@@ -102,6 +102,7 @@ class Store:
         self.unwritable_since = None  # monotonic seconds of the first failure
         self._reported_at = 0.0
         self._reopen = False        # the connection was invalidated: reopen it
+        self._kept = None
 
     # ----- producers ---------------------------------------------------------
     def append(self, table, columns):
@@ -163,10 +164,10 @@ class Store:
             queued = sum(b.num_rows for bs in tables.values() for b in bs)
             merged = {t: (pa.concat_tables(bs, promote_options="default")
                           if len(bs) > 1 else bs[0]) for t, bs in tables.items()}
-            retained = 0
+            self._kept = None       # set by _retain when this flush keeps rows back
             cur = self._open_cursor()
             if cur is None:
-                retained = self._retain(statements, merged, self.last_error)
+                self._retain(statements, merged, self.last_error)
                 rows = 0
             else:
                 try:
@@ -176,23 +177,23 @@ class Store:
                         self._rollback(cur)
                         if _transient(exc):
                             self._note_fatal(exc)
-                            retained = self._retain(statements, merged, exc)
+                            self._retain(statements, merged, exc)
                             rows = 0
                         else:
                             log.warning("batch write failed (%s); retrying table by table", exc)
-                            rows, retained = self._write_separately(cur, statements, merged)
+                            rows = self._write_separately(cur, statements, merged)
                 finally:
                     cur.close()
             with self._lock:
-                self.pending_rows -= queued - retained
+                self.pending_rows -= queued
             self.rows_written += rows
             self.flushes += 1
-            if retained == 0 and self.unwritable_since is not None:
+            if self._kept is None and self.unwritable_since is not None:
                 log.warning("database writable again after %.1f s; rows kept meanwhile "
                             "are written, %d dropped in all (see losses, probe 'store')",
                             time.monotonic() - self.unwritable_since, self.rows_lost)
                 self.unwritable_since = None
-            self.rows_retained = retained
+            self.rows_retained = self._kept or 0
             return rows
 
     def _open_cursor(self):
@@ -224,10 +225,11 @@ class Store:
 
     def _retain(self, statements, merged, exc):
         """Put a failed flush back at the head of the queue; drop (and record)
-        the oldest rows beyond MAX_RETAINED_ROWS. Returns the rows kept."""
+        the oldest rows beyond MAX_RETAINED_ROWS."""
         now_s = time.monotonic()
         self.last_error = exc if isinstance(exc, str) else f"{type(exc).__name__}: {exc}"
         dropped_rows = dropped_stmts = 0
+        put_back = sum(data.num_rows for data in merged.values())
         with self._lock:
             for table, data in merged.items():
                 self._tables[table] = [data] + self._tables.get(table, [])
@@ -258,7 +260,9 @@ class Store:
                     "VALUES (?, 'store', ?, ?, ?, ?)",
                     [run_id, now_ns, now_ns, count, f"{reason}: {self.last_error}"[:500]]))
             kept = total - dropped_rows
-            self.pending_rows -= dropped_rows
+            # flush() subtracts every row it took; these are queued again.
+            self.pending_rows += put_back - dropped_rows
+        self._kept = kept
         self.rows_lost += dropped_rows + dropped_stmts
         if self.unwritable_since is None:
             self.unwritable_since = now_s
@@ -272,7 +276,6 @@ class Store:
             log.error("database still unwritable for %.0f s (%s): %d rows kept, %d dropped "
                       "so far (recorded as losses when the disk takes writes again)",
                       now_s - self.unwritable_since, self.last_error, kept, self.rows_lost)
-        return kept
 
     @staticmethod
     def _loss_rows(table, dropped):
@@ -310,8 +313,8 @@ class Store:
             cur.unregister("_batch")
 
     def _write_separately(self, cur, statements, merged):
-        """Each part in its own transaction; returns (rows written, rows kept
-        for the next flush because the disk refused them)."""
+        """Each part in its own transaction; returns the rows written. Parts
+        the disk refused are kept for the next flush."""
         rows = 0
         keep_statements, keep_tables = [], {}
         parts = [("statements", statements, None)] + \
@@ -342,10 +345,9 @@ class Store:
                     continue
                 lost = data.num_rows
                 self._record_loss(cur, name, lost, exc)
-        kept = 0
         if keep_statements or keep_tables:
-            kept = self._retain(keep_statements, keep_tables, self.last_error or "write failed")
-        return rows, kept
+            self._retain(keep_statements, keep_tables, self.last_error or "write failed")
+        return rows
 
     def _statements_one_by_one(self, cur, stmts):
         """One bad bookkeeping statement must not take the others with it."""

@@ -13,10 +13,8 @@ network access) is tested with the gRPC API (shared with the gRPC suite).
 import json
 import os
 import shutil
-import stat
-import subprocess
-import sys
 import socket
+import stat
 import tempfile
 
 import pytest
