@@ -1,6 +1,6 @@
 # The two commands a new user needs: `make demo` and `make test`.
 # Both set up what they need first (scripts/bootstrap.sh, idempotent).
-.PHONY: demo test bootstrap bench clean protos
+.PHONY: demo test bootstrap bench clean protos install uninstall
 
 PYTEST_ARGS ?=
 
@@ -21,3 +21,12 @@ protos: bootstrap
 
 clean:
 	rm -rf .venv build *.egg-info
+
+# Install as a systemd service on this host (units, config, sysusers/tmpfiles,
+# a venv under /opt/stallscope); see docs/systemd.md. Not via bootstrap: the
+# script builds its own venv from the system Python.
+install:
+	scripts/install.sh $(if $(DESTDIR),--root $(DESTDIR)) $(INSTALL_ARGS)
+
+uninstall:
+	scripts/install.sh --uninstall $(if $(DESTDIR),--root $(DESTDIR)) $(INSTALL_ARGS)

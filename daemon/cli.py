@@ -41,24 +41,46 @@ def build_parser():
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
-    d = sub.add_parser("daemon", help="run the daemon in the foreground (logs to stderr)")
-    d.add_argument("--socket", default=_env("STALLSCOPE_SOCKET", DEFAULT_SOCKET),
-                   help="probe socket path (default: $STALLSCOPE_SOCKET or %(default)s)")
-    d.add_argument("--db", default=_env("STALLSCOPE_DB", DEFAULT_DB), help="DuckDB file")
+    # Daemon flags default to None so that daemon/config.py can apply its
+    # precedence: flags, then STALLSCOPE_* environment, then the file, then defaults.
+    d = sub.add_parser("daemon", help="run the daemon in the foreground (logs to stderr)",
+                       description="Settings come from flags, then STALLSCOPE_* environment "
+                                   "variables, then the config file, then defaults "
+                                   "(docs/systemd.md). SIGHUP reloads rates and retention.")
+    d.add_argument("--config", default=None,
+                   help="TOML configuration file (default: $STALLSCOPE_CONFIG; the "
+                        "service uses /etc/stallscope/stallscope.toml)")
+    d.add_argument("--socket", default=None,
+                   help=f"probe socket path (default: $STALLSCOPE_SOCKET, config, {DEFAULT_SOCKET}); "
+                        "ignored when systemd passes the socket")
+    d.add_argument("--db", default=None, help=f"DuckDB file (default: {DEFAULT_DB})")
     d.add_argument("--api-socket", default=None,
                    help=f"gRPC API Unix socket (e.g. {DEFAULT_API_SOCKET}); none by default")
-    d.add_argument("--pid", type=int, action="append", default=[],
+    # --- gRPC API over TCP (TLS only; see docs/api.md) ---
+    d.add_argument("--grpc-listen", metavar="HOST:PORT", default=None,
+                   help="also serve the API on TCP; needs --tls-cert and --tls-key")
+    d.add_argument("--tls-cert", default=None, help="PEM certificate chain for --grpc-listen")
+    d.add_argument("--tls-key", default=None, help="PEM private key for --grpc-listen")
+    d.add_argument("--tls-client-ca", default=None,
+                   help="PEM CA bundle: require client certificates it signed (mutual TLS)")
+    d.add_argument("--pid", type=int, action="append", default=None,
                    help="also trace this process's threads (no probe client needed)")
-    d.add_argument("--sched-backend", choices=["bcc", "perf", "proc", "none"],
+    d.add_argument("--sched-backend", choices=["auto", "bcc", "perf", "proc", "none"],
                    help="force a scheduling probe backend (default: best available)")
-    d.add_argument("--gpu-backend", choices=["nvml", "none"],
+    d.add_argument("--gpu-backend", choices=["auto", "nvml", "none"],
                    help="force the GPU probe on or off (default: on when a GPU exists)")
-    d.add_argument("--gpu-poll-hz", type=float, default=10.0, help="NVML polling rate")
-    d.add_argument("--proc-poll-hz", type=float, default=100.0,
-                   help="/proc scheduling backend sampling rate")
+    d.add_argument("--gpu-poll-hz", type=float, default=None, help="NVML polling rate (10)")
+    d.add_argument("--gpus", default=None,
+                   help="NVML indices to sample, e.g. 0,1 (default all)")
+    d.add_argument("--proc-poll-hz", type=float, default=None,
+                   help="/proc scheduling backend sampling rate (100)")
     d.add_argument("--allow-uid", type=int, action="append", default=None,
                    help="accept probe connections only from these uids (default: any "
                         "that can open the socket)")
+    d.add_argument("--max-db-mb", type=float, default=None,
+                   help="retention: keep the database's used size under this (MiB; 0 = no limit)")
+    d.add_argument("--max-age-days", type=float, default=None,
+                   help="retention: delete runs older than this (days; 0 = no limit)")
 
     m = sub.add_parser("demo", help="run a daemon, the built-in serving-engine scenario, "
                                     "and the attribution report")
@@ -82,8 +104,8 @@ def build_parser():
     _add_db(r)
 
     c = sub.add_parser("compare", help="compare two runs side by side")
-    c.add_argument("run_a", type=int)
-    c.add_argument("run_b", type=int)
+    c.add_argument("run_a", help="run id or label")
+    c.add_argument("run_b", help="run id or label")
     _add_db(c)
 
     t = sub.add_parser("top", help="live terminal dashboard over a daemon's event stream")
@@ -113,12 +135,61 @@ def main(argv=None):
 
 # ----- subcommands ---------------------------------------------------------------
 def cmd_daemon(args):
+    from . import activation, config
+    from .notify import Notifier
     from .probes.base import ProbeSettings
+    from .retention import Limits
     from .server import Daemon
-    settings = ProbeSettings(gpu_poll_hz=args.gpu_poll_hz, sched_poll_hz=args.proc_poll_hz)
-    daemon = Daemon(args.socket, args.db, api_socket=args.api_socket, pids=args.pid,
-                    sched_backend=args.sched_backend, gpu_backend=args.gpu_backend,
-                    settings=settings, allowed_uids=args.allow_uid)
+    flags = dict(vars(args))
+    if flags.get("gpus") is not None:
+        try:
+            flags["gpus"] = [int(g) for g in flags["gpus"].split(",") if g.strip()]
+        except ValueError:
+            raise UserError(f"--gpus wants indices like 0,1, not {args.gpus!r}") from None
+    source = config.Source(flags=flags, config_file=args.config)
+    try:
+        cfg = source.load()
+    except config.ConfigError as exc:
+        raise UserError(f"configuration refused: {exc}") from None
+    try:
+        fds = activation.listen_fds()
+        probe_fd = activation.pick(fds, activation.PROBE_FD_NAME)
+    except activation.ActivationError as exc:
+        raise UserError(f"socket activation: {exc}") from None
+    for name, group in fds.items():
+        if name == activation.API_FD_NAME:
+            # grpcio binds its own listeners by address only (no inherited fd):
+            # close what systemd passed and bind api.socket ourselves.
+            logging.getLogger("stallscope.daemon").warning(
+                "systemd passed an API socket, but the gRPC server cannot serve on an "
+                "inherited socket; binding %s instead", cfg["api.socket"] or "nothing")
+            for fd in group:
+                os.close(fd)
+    if probe_fd is not None:
+        family, kind, address = activation.describe(probe_fd)
+        logging.getLogger("stallscope.daemon").info(
+            "probe socket from systemd: fd %d (%s)", probe_fd, address or "unnamed")
+    settings = ProbeSettings(gpu_poll_hz=cfg["probes.gpu_poll_hz"],
+                             sched_poll_hz=cfg["probes.sched_poll_hz"],
+                             gpus=tuple(cfg["probes.gpus"]))
+    limits = Limits(cfg["retention.max_db_mb"], cfg["retention.max_age_days"],
+                    cfg["retention.check_interval_s"])
+    def backend(value):
+        return None if value == "auto" else value
+    api_options = cfg.api_options()
+    if api_options:
+        from .api.server import ApiConfigError, check_api_options
+        try:  # refuse plain-text TCP and bad TLS files before anything starts
+            check_api_options(cfg["api.socket"] or None, **api_options)
+        except ApiConfigError as exc:
+            raise UserError(str(exc)) from None
+    daemon = Daemon(cfg["daemon.socket"], cfg["daemon.db"], api_socket=cfg["api.socket"] or None,
+                    listen_fd=probe_fd, pids=cfg["daemon.pids"],
+                    sched_backend=backend(cfg["probes.sched_backend"]),
+                    gpu_backend=backend(cfg["probes.gpu_backend"]),
+                    settings=settings, allowed_uids=cfg["daemon.allow_uids"] or None,
+                    notify=Notifier(), api_options=api_options,
+                    config_source=source, config=cfg, retention_limits=limits)
     return daemon.run()
 
 
@@ -177,6 +248,8 @@ def cmd_compare(args):
     source = _open_readonly(args)
     try:
         print(compare.compare_runs(source.connection(), args.run_a, args.run_b))
+    except compare.RunNotFound as exc:
+        raise UserError(str(exc)) from None
     finally:
         source.close()
     return 0

@@ -107,6 +107,10 @@ class Ingest:
         self._lock = threading.Lock()  # guards run state between loop and decode
         self._next_run_id = self._max_run_id() + 1
         self.listener = self._open_listener(socket_path, listen_fd, socket_group)
+        if listen_fd is not None:
+            # The socket file belongs to whoever passed the descriptor (systemd):
+            # removing it at exit would break the next socket activation.
+            self.socket_path = None
         self.selector.register(self.listener, selectors.EVENT_READ, None)
 
     # ----- set-up ------------------------------------------------------------
@@ -561,6 +565,19 @@ class Ingest:
             except OSError as exc:
                 if exc.errno != errno.ENOENT:
                     log.warning("could not remove %s: %s", self.socket_path, exc)
+
+    def forget_runs(self, run_ids):
+        """Drop what is kept in memory for runs retention deleted (ended runs
+        only: a connected run keeps its state and its rows)."""
+        gone = set(run_ids)
+        with self._lock:
+            for key, run in list(self.runs_by_token.items()):
+                if run.run_id in gone and not run.connected:
+                    del self.runs_by_token[key]
+            for run_id in gone:
+                run = self.runs.get(run_id)
+                if run is not None and not run.connected and not run.chunks:
+                    del self.runs[run_id]
 
     def status(self):
         return {"connections": len(self.conns), "datagrams": self.datagrams,

@@ -1,8 +1,9 @@
 """A serving engine shaped like the seed's, for the demo and end-to-end tests.
 
 `Engine._step()` calls `Engine._schedule()`, then `executor.submit(batch)`,
-whose ticket's `collect()` waits for the result computed on a worker thread
-(real numpy work standing in for the GPU). Requests arrive from a fixed,
+whose ticket's `collect()` waits for the result (real numpy work standing in
+for the GPU, run synchronously on the engine thread as in the seed's
+single-stream eager configuration). Requests arrive from a fixed,
 seeded trace and run FCFS, up to 96 in flight, through the stages of a
 recurrent-depth model: prefill, then for every output token prelude, N
 recurrent loops (8 for the first token, 4 after) and coda. Stage costs are
@@ -110,54 +111,41 @@ class StageWork:
 
 
 class Ticket:
-    """A submission; `collect()` waits for the worker's result."""
+    """A submission; `collect()` runs the stage's work and returns its result.
 
-    def __init__(self):
-        self._done = threading.Lock()
-        self._done.acquire()
+    Execution is synchronous on the engine thread (the seed's configuration:
+    single stream, eager), so the engine thread is on CPU for the whole step
+    unless something takes it off: exactly what the attribution must see."""
+
+    __slots__ = ("_work", "_reps", "result", "__dict__", "__weakref__")
+
+    def __init__(self, work, reps):
+        self._work = work
+        self._reps = reps
         self.result = None
 
-    def _finish(self, result):
-        self.result = result
-        self._done.release()
-
     def collect(self):
-        self._done.acquire()
+        if self._work is not None:
+            self.result = self._work.run(self._reps)
+            self._work = None
         return self.result
 
 
 class Executor:
-    """Runs stage work on a worker thread, as a GPU stream would."""
+    """Turns a batch into a ticket; the host-side part of a GPU submission."""
 
     def __init__(self, work):
         self.work = work
-        self._queue = deque()
-        self._ready = threading.Semaphore(0)
-        self._thread = threading.Thread(target=self._loop, name="executor", daemon=True)
-        self._thread.start()
         self.submit_extra_s = 0.0   # injected host-side delay inside submit()
 
     def submit(self, batch):
-        ticket = Ticket()
         if self.submit_extra_s:
             _spin(self.submit_extra_s)
             self.submit_extra_s = 0.0
-        self._queue.append((ticket, self.work.reps(batch.phase, len(batch.requests))))
-        self._ready.release()
-        return ticket
-
-    def _loop(self):
-        while True:
-            self._ready.acquire()
-            item = self._queue.popleft()
-            if item is None:
-                return
-            ticket, reps = item
-            ticket._finish(self.work.run(reps))
+        return Ticket(self.work, self.work.reps(batch.phase, len(batch.requests)))
 
     def close(self):
-        self._queue.append(None)
-        self._ready.release()
+        pass
 
 
 class Engine:
@@ -259,10 +247,11 @@ def _spin(seconds):
 class Injector:
     """Makes chosen steps slow for a known reason and writes down which.
 
-    Every `every`-th step gets the next cause in `causes`:
-    'block' (a sleep inside the step), 'submit' (host work inside submit),
-    'gc' (a full collection inside the step), 'preempt' (a higher-priority
-    spinning process pinned to the engine's CPU for a few ms)."""
+    Every `every`-th step gets the next cause in `causes`, inside the step:
+    'block' (a sleep), 'submit' (host work inside executor.submit), 'gc' (a
+    full collection), 'preempt' (a SCHED_FIFO process pinned to the engine's
+    CPU wakes and spins, so the engine thread is preempted, not blocked).
+    Each injected step is logged as JSON: cause, start_ns, end_ns, tid."""
 
     def __init__(self, engine, causes, every, extra_ms, log_path):
         self.engine = engine
@@ -273,7 +262,33 @@ class Injector:
         self.i = 0
         self._orig_step = engine._step
         engine._step = self._step
-        self._hog = None
+        self._hog_pid = None
+        self._hog_fd = None
+        if "preempt" in self.causes:
+            self._start_hog()
+
+    def _start_hog(self):
+        cpu = min(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cpu})        # the engine thread stays on `cpu`
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the hog: waits on the pipe, then spins on our CPU
+            try:
+                os.close(w)
+                os.sched_setaffinity(0, {cpu})
+                try:
+                    os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(10))
+                except PermissionError:
+                    os.nice(-20)
+                while True:
+                    b = os.read(r, 1)
+                    if not b:
+                        break
+                    _spin(self.extra_s)
+            finally:
+                os._exit(0)
+        os.close(r)
+        self._hog_pid, self._hog_fd = pid, w
 
     def _step(self):
         n = self.engine.steps
@@ -285,10 +300,10 @@ class Injector:
         if cause == "submit":
             self.engine.executor.submit_extra_s = self.extra_s
         elif cause == "preempt":
-            self._preempt()
+            os.write(self._hog_fd, b"x")
         elif cause == "gc":
             gc.collect(2)
-        if cause == "block":
+        elif cause == "block":
             time.sleep(self.extra_s)
         result = self._orig_step()
         t1 = time.monotonic_ns()
@@ -298,23 +313,10 @@ class Injector:
             self.log.flush()
         return result
 
-    def _preempt(self):
-        # A SCHED_FIFO child on our CPU runs as soon as it wakes and holds
-        # the CPU for extra_s: the engine thread is preempted, not blocked.
-        cpu = os.sched_getaffinity(0)
-        pid = os.fork()
-        if pid == 0:
-            try:
-                os.sched_setaffinity(0, {min(cpu)})
-                os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(10))
-                _spin(self.extra_s)
-            finally:
-                os._exit(0)
-        self._hog = pid
-        os.sched_setaffinity(0, {min(cpu)})
-        threading.Thread(target=os.waitpid, args=(pid, 0), daemon=True).start()
-
     def close(self):
+        if self._hog_fd is not None:
+            os.close(self._hog_fd)
+            os.waitpid(self._hog_pid, 0)
         if self.log:
             self.log.close()
 
@@ -336,6 +338,9 @@ def run_scenario(socket_path, duration_s=45.0, rate=1.0, gc_pressure=False,
     warmup_s = warmup_s if warmup_s is not None else min(10.0, 0.2 * duration_s)
     window_s = duration_s - warmup_s
 
+    injector = None
+    if inject:  # before attach(), so that injected causes fall inside the step span
+        injector = Injector(engine, inject, inject_every, inject_ms, inject_log)
     probe = probe_client.connect(socket_path=socket_path, run_label=label)
     probe.attach(engine, "_step", kind="step")
     probe.attach(engine, "_schedule", kind="schedule", stage="result.phase",
@@ -350,9 +355,6 @@ def run_scenario(socket_path, duration_s=45.0, rate=1.0, gc_pressure=False,
         tracked = len(gc.get_objects())
         target_s = warmup_s + 0.6 * window_s
         leaky = LeakyStepTimer(engine, objects_per_s=tracked / 4 / max(1.0, target_s))
-    injector = None
-    if inject:
-        injector = Injector(engine, inject, inject_every, inject_ms, inject_log)
 
     arrivals = deque(arrival_trace(rate, duration_s, seed))
     rid = 0

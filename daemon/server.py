@@ -15,8 +15,10 @@ import threading
 import time
 
 from . import probes as probe_registry
+from . import reload as config_reload
 from .ingest import Ingest
 from .probes.base import ProbeSettings, Sink
+from .retention import Retention
 from .store import Store
 
 log = logging.getLogger("stallscope.daemon")
@@ -60,7 +62,8 @@ class StoreSink(Sink):
 class Daemon:
     def __init__(self, socket_path, db_path, api_socket=None, listen_fd=None,
                  pids=(), sched_backend=None, gpu_backend=None, settings=None,
-                 allowed_uids=None, flush_interval_s=0.2, notify=None, api_options=None):
+                 allowed_uids=None, flush_interval_s=0.2, notify=None, api_options=None,
+                 config_source=None, config=None, retention_limits=None):
         self.settings = settings or ProbeSettings()
         limit_allocator_caches()
         self.store = Store(db_path, flush_interval_s=flush_interval_s)
@@ -73,6 +76,10 @@ class Daemon:
         self.api_socket = api_socket
         self.api_options = api_options or {}
         self.started_ns = time.monotonic_ns()
+        self.config_source = config_source  # re-read on SIGHUP (daemon/reload.py)
+        self.config = config
+        self.tracked_pids = set()
+        self._reload = threading.Event()
         try:
             group = grp.getgrnam("stallscope").gr_gid
         except KeyError:
@@ -80,6 +87,9 @@ class Daemon:
         self.ingest = Ingest(self.store, socket_path=socket_path, listen_fd=listen_fd,
                              allowed_uids=allowed_uids, on_track=self._track,
                              on_untrack=self._untrack, socket_group=group)
+        self.retention = (Retention(self.store, retention_limits,
+                                    on_runs_deleted=self.ingest.forget_runs)
+                          if retention_limits is not None else None)
         self._start_probes(sched_backend, gpu_backend)
 
     # ----- probes ----------------------------------------------------------------
@@ -115,6 +125,7 @@ class Daemon:
             self._track(pid)
 
     def _track(self, pid):
+        self.tracked_pids.add(pid)
         for probe in self.probes:
             try:
                 probe.track(pid)
@@ -124,6 +135,7 @@ class Daemon:
     def _untrack(self, pid):
         if pid in self.extra_pids:
             return
+        self.tracked_pids.discard(pid)
         for probe in self.probes:
             try:
                 probe.untrack(pid)
@@ -140,11 +152,14 @@ class Daemon:
 
     def run(self):
         self.store.start()
+        if self.retention is not None:
+            self.retention.start()
         if self.api_socket or self.api_options.get("listen"):
             from .api.server import start_api_server
             self.api = start_api_server(self, self.api_socket, **self.api_options)
         signal.signal(signal.SIGTERM, self.stop)
         signal.signal(signal.SIGINT, self.stop)
+        signal.signal(signal.SIGHUP, lambda *_: self._reload.set())
         log.info("listening on %s, database %s, probes: %s",
                  self.ingest.socket_path or "inherited socket", self.store.path,
                  ", ".join(self.active_probes()) or "none")
@@ -160,6 +175,9 @@ class Daemon:
             if now >= next_decode:
                 self.ingest.decode_pending()
                 next_decode = now + DECODE_INTERVAL_S
+                if self._reload.is_set():
+                    self._reload.clear()
+                    config_reload.apply(self)
                 if self.notify:
                     self.notify.tick(self)
         self.shutdown()
@@ -172,6 +190,8 @@ class Daemon:
         if self.api is not None:
             self.api.stop(grace=0.5)
         self.ingest.close()
+        if self.retention is not None:
+            self.retention.stop()
         for probe in self.probes:
             try:
                 probe.stop()

@@ -10,9 +10,10 @@ loss with its reason; the daemon runs on. A write that fails because the
 disk is full (or the database was invalidated by such a failure and must be
 reopened) is kept in memory, up to `MAX_RETAINED_ROWS`, and retried at every
 flush; beyond that bound the oldest rows are dropped and recorded in
-`losses` (probe 'store', with their run) when the disk takes writes again. Listeners see every batch as it is
-appended (the gRPC stream subscribes here). The store never blocks a
-producer on disk I/O: appends only take a short lock.
+`losses` (probe 'store', with their run) when the disk takes writes again.
+Listeners see every batch as it is appended (the gRPC stream subscribes
+here). The store never blocks a producer on disk I/O: appends only take a
+short lock.
 """
 
 import logging
@@ -31,6 +32,19 @@ from . import views
 log = logging.getLogger("stallscope.store")
 
 SCHEMA_DIR = Path(__file__).with_name("schema")
+
+# The gRPC Query rpc runs users' SQL on cursors of this same database, and
+# DuckDB applies these settings per database instance (one process cannot
+# open the file twice with different ones): so the whole instance gets no
+# file or network access and no extension loading, and its configuration is
+# locked once the schema is in place. The daemon's own writes (registered
+# Arrow tables + INSERT BY NAME) need none of it; exports use pyarrow.
+SANDBOX_CONFIG = {
+    "enable_external_access": False,
+    "autoinstall_known_extensions": False,
+    "autoload_known_extensions": False,
+    "allow_community_extensions": False,
+}
 
 # Rows kept in memory while the database cannot be written (disk full). About
 # 100 bytes a span row: ~50 MB at the bound. Ingest stops reading sockets at
@@ -73,7 +87,7 @@ def apply_schema(con):
 class Store:
     """The daemon's one writable connection to the database file."""
 
-    def __init__(self, path, flush_interval_s=0.2, memory_limit="128MB"):
+    def __init__(self, path, flush_interval_s=0.2, memory_limit="128MB", sandbox=True):
         self.path = str(path)
         parent = os.path.dirname(os.path.abspath(self.path))
         # The database holds every traced process's argv: a directory the
@@ -83,8 +97,13 @@ class Store:
         # DuckDB's buffer pool defaults to 80% of RAM; a tracing daemon on a
         # serving host must stay small (measured in bench/ingest_throughput.py).
         self._config = {"memory_limit": memory_limit}
+        if sandbox:
+            self._config.update(SANDBOX_CONFIG)
         self.con = duckdb.connect(self.path, config=self._config)
         apply_schema(self.con)
+        if sandbox:
+            self.con.execute("SET lock_configuration = true")
+        self.sandboxed = sandbox
         self.flush_interval_s = flush_interval_s
         self._lock = threading.Lock()
         self._tables = {}       # table -> list of pa.Table waiting
@@ -138,6 +157,10 @@ class Store:
     def cursor(self):
         """A cursor on the same database for reads from another thread."""
         return self.con.cursor()
+
+    def exclusive(self):
+        """A lock that holds the writer off (retention's deletes and CHECKPOINT)."""
+        return self._flush_lock
 
     # ----- writer ------------------------------------------------------------
     def start(self):
@@ -206,6 +229,8 @@ class Store:
                 except Exception:
                     pass
                 self.con = duckdb.connect(self.path, config=self._config)
+                if self.sandboxed:
+                    self.con.execute("SET lock_configuration = true")
                 self._reopen = False
                 log.warning("reopened the database %s after a write failure", self.path)
             except Exception as exc:

@@ -9,16 +9,22 @@ views are still created.
 
 import logging
 import os
+import sys
 from pathlib import Path
 
 log = logging.getLogger("stallscope.views")
 
 
 def queries_dir():
+    """$STALLSCOPE_QUERIES, else the source tree's queries/, else the copy a
+    non-editable install put under <prefix>/share/stallscope/queries."""
     env = os.environ.get("STALLSCOPE_QUERIES")
     if env:
         return Path(env)
-    return Path(__file__).resolve().parent.parent / "queries"
+    source = Path(__file__).resolve().parent.parent / "queries"
+    if source.is_dir():
+        return source
+    return Path(sys.prefix) / "share" / "stallscope" / "queries"
 
 
 def query_files():

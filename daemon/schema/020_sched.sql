@@ -28,3 +28,18 @@ CREATE TABLE IF NOT EXISTS migrations (
     from_cpu SMALLINT,
     to_cpu   SMALLINT
 );
+
+-- Sampled rows. The bcc and perf backends write one row per event and leave
+-- these NULL. The /proc backend (last resort) cannot see single events: it
+-- writes one row per thread and sampling window [start_ns, end_ns] holding
+-- the kernel's counters for that window, with resolution_ns set to the
+-- window's length. Read such rows as totals, never as intervals.
+ALTER TABLE offcpu ADD COLUMN IF NOT EXISTS resolution_ns BIGINT;   -- NULL: exact event row
+ALTER TABLE offcpu ADD COLUMN IF NOT EXISTS events INTEGER;         -- switch-outs in the window (voluntary + preempted)
+ALTER TABLE offcpu ADD COLUMN IF NOT EXISTS preempted_events INTEGER; -- of which involuntary (nonvoluntary_ctxt_switches)
+ALTER TABLE offcpu ADD COLUMN IF NOT EXISTS offcpu_ns BIGINT;       -- window length minus on-CPU time (schedstat), nanoseconds
+ALTER TABLE runq ADD COLUMN IF NOT EXISTS resolution_ns BIGINT;     -- NULL: exact event row
+ALTER TABLE runq ADD COLUMN IF NOT EXISTS events INTEGER;           -- waits ended in the window (schedstat timeslices)
+ALTER TABLE runq ADD COLUMN IF NOT EXISTS wait_ns BIGINT;           -- run-queue wait in the window (schedstat), nanoseconds
+ALTER TABLE migrations ADD COLUMN IF NOT EXISTS resolution_ns BIGINT; -- NULL: exact event row
+ALTER TABLE migrations ADD COLUMN IF NOT EXISTS events INTEGER;     -- CPU changes in the window (se.nr_migrations)

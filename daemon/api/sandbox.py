@@ -1,0 +1,187 @@
+"""Runs one user SQL statement for the Query rpc, read-only and bounded.
+
+The database instance itself has no file or network access, loads no
+extension and has its configuration locked (see store.SANDBOX_CONFIG); this
+module adds what is per query: exactly one statement of a read-only type
+(SELECT, EXPLAIN, and what DuckDB parses as SELECT: DESCRIBE, SHOW,
+SUMMARIZE, FROM-first, VALUES), run inside a READ ONLY transaction (so even
+a side-effecting function such as nextval() cannot write), at most
+`max_rows` rows, and a time limit enforced by interrupting the cursor from a
+timer. It never runs anything on the store's writer connection and never
+holds the store's locks; its only cost to ingest is CPU and DuckDB memory.
+"""
+
+import threading
+import time
+
+import duckdb
+
+ALLOWED_TYPES = {duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN}
+
+DEFAULT_MAX_ROWS = 100_000
+MAX_ROWS_CAP = 10_000_000
+DEFAULT_TIMEOUT_S = 10.0
+TIMEOUT_CAP_S = 120.0
+DEFAULT_BATCH_ROWS = 8192
+MAX_BATCH_ROWS = 65_536
+
+
+class QueryError(Exception):
+    """The statement was refused or failed; the message is the user's to read."""
+
+
+class NotSandboxed(Exception):
+    """The database instance is not sandboxed, so no user SQL may run on it."""
+
+
+def check_sandbox(cur):
+    """Refuse to run anything unless the instance has no external access and
+    its configuration is locked (whoever built the Store, and however)."""
+    external, locked = cur.execute(
+        "SELECT current_setting('enable_external_access'), "
+        "current_setting('lock_configuration')").fetchone()
+    if external or not locked:
+        raise NotSandboxed(
+            "the daemon's database is not sandboxed (external access on or configuration "
+            "unlocked), so Query is disabled: open it with store.SANDBOX_CONFIG")
+
+
+def _bounded(value, default, cap):
+    if not value or value <= 0:
+        return default
+    return min(value, cap)
+
+
+def check_statement(cur, sql):
+    """The single read-only statement in `sql`, or QueryError saying why not."""
+    try:
+        statements = cur.extract_statements(sql)
+    except duckdb.Error as exc:
+        raise QueryError(str(exc).strip()) from None
+    if len(statements) != 1:
+        raise QueryError(f"exactly one statement per query, got {len(statements)}")
+    stmt = statements[0]
+    if stmt.type not in ALLOWED_TYPES:
+        kind = str(stmt.type).rsplit(".", 1)[-1]
+        raise QueryError(f"{kind} statements are not allowed: the API is read-only "
+                         "(SELECT, EXPLAIN, DESCRIBE, SHOW, SUMMARIZE)")
+    return stmt
+
+
+class QueryRun:
+    """One query: columns, then Arrow record batches, within its limits.
+
+    Iterate `batches()` after `start()`; `truncated` and `rows` are final
+    once the iteration ends. Errors (including the time limit) are
+    QueryError."""
+
+    def __init__(self, store, sql, params=None, max_rows=0, timeout_s=0.0, batch_rows=0):
+        self.store = store
+        self.sql = sql
+        self.params = list(params or [])
+        self.max_rows = _bounded(max_rows, DEFAULT_MAX_ROWS, MAX_ROWS_CAP)
+        self.timeout_s = _bounded(timeout_s, DEFAULT_TIMEOUT_S, TIMEOUT_CAP_S)
+        self.batch_rows = _bounded(batch_rows, DEFAULT_BATCH_ROWS, MAX_BATCH_ROWS)
+        self.columns = []          # [(name, duckdb type name)]
+        self.rows = 0
+        self.truncated = False
+        self.timed_out = False
+        self._cur = None
+        self._rel = None
+        self._timer = None
+        self._t0 = None
+
+    def _interrupt(self):
+        self.timed_out = True
+        try:
+            self._cur.interrupt()
+        except Exception:
+            pass
+
+    def _error(self, exc):
+        if self.timed_out:
+            return QueryError(f"query exceeded its time limit of {self.timeout_s * 1000:.0f} ms "
+                              "and was interrupted (ask for fewer rows, or set timeout_ms)")
+        return QueryError(str(exc).strip())
+
+    def start(self):
+        self._t0 = time.monotonic()
+        self._cur = self.store.cursor()
+        try:
+            check_sandbox(self._cur)
+            check_statement(self._cur, self.sql)
+        except Exception:
+            self.close()
+            raise
+        self._timer = threading.Timer(self.timeout_s, self._interrupt)
+        self._timer.daemon = True
+        self._timer.start()
+        try:
+            self._cur.execute("BEGIN TRANSACTION READ ONLY")
+            # A relation streams its result as Arrow batches without the
+            # extra copy a DB-API result makes; it runs when first read.
+            self._rel = self._cur.sql(self.sql, params=self.params or None)
+            if self._rel is not None:
+                self.columns = [(name, str(t)) for name, t in
+                                zip(self._rel.columns, self._rel.types)]
+        except duckdb.Error as exc:
+            self.close()
+            raise self._error(exc) from None
+        except Exception as exc:   # bad parameters and the like
+            self.close()
+            raise QueryError(f"{type(exc).__name__}: {exc}") from None
+        return self
+
+    def batches(self):
+        """Arrow record batches of at most batch_rows rows, max_rows in all."""
+        if not self.columns:
+            self.close()
+            return
+        try:
+            reader = self._rel.to_arrow_reader(self.batch_rows)
+            while self.rows < self.max_rows:
+                try:
+                    batch = reader.read_next_batch()
+                except StopIteration:
+                    break
+                if batch.num_rows == 0:
+                    continue
+                room = self.max_rows - self.rows
+                if batch.num_rows > room:
+                    batch = batch.slice(0, room)
+                    self.truncated = True
+                self.rows += batch.num_rows
+                yield batch
+            else:
+                # At the limit: is there more? Reading one more batch says.
+                try:
+                    more = reader.read_next_batch()
+                    self.truncated = self.truncated or more.num_rows > 0
+                except StopIteration:
+                    pass
+        except duckdb.Error as exc:
+            raise self._error(exc) from None
+        except OSError as exc:  # Arrow surfaces an interrupt as an I/O error
+            raise self._error(exc) from None
+        finally:
+            self.close()
+
+    @property
+    def elapsed_s(self):
+        return time.monotonic() - self._t0 if self._t0 else 0.0
+
+    def close(self):
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._cur is not None:
+            try:
+                self._cur.execute("ROLLBACK")
+            except Exception:
+                pass
+            try:
+                self._cur.close()
+            except Exception:
+                pass
+            self._cur = None
+            self._rel = None

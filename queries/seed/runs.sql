@@ -1,0 +1,52 @@
+-- The seed report's per-run table: step latency, long steps and GC per run.
+
+-- One row per run that has steps or GC passes.
+CREATE OR REPLACE VIEW seed_runs AS
+WITH s AS (
+    SELECT a.run_id,
+        count(*) AS steps,
+        avg(a.duration_ns) AS mean_ns,
+        quantile_cont(a.duration_ns, 0.5) AS p50_ns,
+        quantile_cont(a.duration_ns, 0.99) AS p99_ns,
+        max(a.duration_ns) AS max_ns,
+        count(*) FILTER (a.duration_ns > p.long_step_ns) AS long_steps,
+        count(*) FILTER (a.duration_ns > p.long_step_ns AND a.stage IS DISTINCT FROM 'prefill') AS long_non_prefill,
+        count(*) FILTER (a.duration_ns > p.long_step_ns AND a.stage IS DISTINCT FROM 'prefill' AND a.gc_ns = 0) AS long_non_prefill_no_gc,
+        count(*) FILTER (a.slow) AS slow_steps
+    FROM step_attribution a CROSS JOIN step_params p GROUP BY a.run_id
+), g AS (
+    SELECT run_id,
+        count(*) FILTER (generation = 0) AS gen0_count,
+        sum(end_ns - start_ns) FILTER (generation = 0) AS gen0_ns,
+        max(end_ns - start_ns) FILTER (generation = 0) AS gen0_max_ns,
+        count(*) FILTER (generation = 1) AS gen1_count,
+        sum(end_ns - start_ns) FILTER (generation = 1) AS gen1_ns,
+        max(end_ns - start_ns) FILTER (generation = 1) AS gen1_max_ns,
+        count(*) FILTER (generation = 2) AS gen2_count,
+        sum(end_ns - start_ns) FILTER (generation = 2) AS gen2_ns,
+        max(end_ns - start_ns) FILTER (generation = 2) AS gen2_max_ns
+    FROM gc_events GROUP BY run_id
+)
+SELECT
+    run_id,                                           -- run
+    r.label,                                          -- run label
+    coalesce(s.steps, 0) AS steps,                    -- engine steps
+    round(s.mean_ns / 1e6, 3) AS mean_step_ms,        -- mean step duration, ms
+    round(s.p50_ns / 1e6, 3) AS p50_step_ms,          -- median step duration, ms
+    round(s.p99_ns / 1e6, 3) AS p99_step_ms,          -- 99th percentile step duration, ms
+    round(s.max_ns / 1e6, 3) AS max_step_ms,          -- longest step, ms
+    coalesce(s.long_steps, 0) AS long_steps,          -- steps longer than step_params.long_step_ns (100 ms)
+    coalesce(s.long_non_prefill, 0) AS long_non_prefill,             -- of which not prefill
+    coalesce(s.long_non_prefill_no_gc, 0) AS long_non_prefill_no_gc, -- of which overlapping no GC pass
+    coalesce(s.slow_steps, 0) AS slow_steps,          -- steps > slow_factor x baseline
+    coalesce(g.gen0_count, 0) AS gen0_count,          -- generation-0 passes
+    round(coalesce(g.gen0_ns, 0) / 1e6, 3) AS gen0_pause_ms,     -- their total pause, ms
+    round(g.gen0_max_ns / 1e6, 3) AS gen0_max_ms,                -- their longest pause, ms
+    coalesce(g.gen1_count, 0) AS gen1_count,          -- generation-1 passes
+    round(coalesce(g.gen1_ns, 0) / 1e6, 3) AS gen1_pause_ms,     -- their total pause, ms
+    round(g.gen1_max_ns / 1e6, 3) AS gen1_max_ms,                -- their longest pause, ms
+    coalesce(g.gen2_count, 0) AS gen2_count,          -- generation-2 passes
+    round(coalesce(g.gen2_ns, 0) / 1e6, 3) AS gen2_pause_ms,     -- their total pause, ms
+    round(g.gen2_max_ns / 1e6, 3) AS gen2_max_ms                 -- their longest pause, ms
+FROM s FULL JOIN g USING (run_id)
+LEFT JOIN runs r USING (run_id);

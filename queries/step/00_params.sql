@@ -1,0 +1,26 @@
+-- Parameters of the step rules. DuckDB views take no arguments, so each
+-- parameter is a session variable with a default; change one for the
+-- current connection with, e.g.:
+--     SET VARIABLE step_slow_factor = 1.5;
+-- and every step_* and seed_* view follows. RESET VARIABLE restores it.
+
+-- The effective parameters, one row.
+CREATE OR REPLACE VIEW step_params AS
+SELECT
+    -- A step is slow when duration_ns > slow_factor x baseline_ns (ratio; 1.2 = 20% above).
+    coalesce(getvariable('step_slow_factor'), 1.2)::DOUBLE              AS slow_factor,
+    -- A component becomes the cause when it explains at least this share of the excess (0..1).
+    coalesce(getvariable('step_cause_min_share'), 0.5)::DOUBLE          AS cause_min_share,
+    -- Time charged to each migration inside a step when sizing the 'migration'
+    -- component (nanoseconds; a cache-cold restart on another CPU).
+    coalesce(getvariable('step_migration_cost_ns'), 50000)::BIGINT     AS migration_cost_ns,
+    -- An NVML sample counts as a GPU clock drop when its SM clock is below
+    -- this fraction of the run's reference clock (0..1) and the GPU is not idle.
+    coalesce(getvariable('step_gpu_clock_factor'), 0.9)::DOUBLE         AS gpu_clock_factor,
+    -- An NVML sample stands for at most this long after its timestamp
+    -- (nanoseconds); past it, a step has no GPU data rather than a stale sample.
+    coalesce(getvariable('step_gpu_sample_hold_ns'), 1000000000)::BIGINT AS gpu_sample_hold_ns,
+    -- Only this NVML device index is joined with steps; NULL = every GPU.
+    getvariable('step_gpu')::INTEGER                                     AS gpu,
+    -- Steps at least this long count as long in seed_runs (nanoseconds).
+    coalesce(getvariable('seed_long_step_ns'), 100000000)::BIGINT       AS long_step_ns;

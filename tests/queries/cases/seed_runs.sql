@@ -1,0 +1,2 @@
+-- fixture: basic
+SELECT * FROM seed_runs ORDER BY run_id;

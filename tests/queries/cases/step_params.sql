@@ -1,0 +1,2 @@
+-- fixture: basic
+SELECT * FROM step_params;

@@ -1,0 +1,2 @@
+-- fixture: basic
+SELECT * FROM step_window ORDER BY run_id;

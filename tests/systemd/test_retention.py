@@ -1,0 +1,145 @@
+"""Retention on real DuckDB files: whole old runs go with their rows, kernel and
+GPU rows older than the oldest kept run go, connected runs stay, the used size
+ends under the limit; and a running daemon trims a database that is too big."""
+
+import time
+
+import numpy as np
+import pytest
+
+from sdtools import ServiceProcess
+
+from stallscope.retention import Limits, Retention, used_bytes
+from stallscope.store import Store
+
+# One DuckDB row group per run: space comes back a row group at a time.
+SPANS_PER_RUN = 122_880
+DAY_NS = 86_400 * 10**9
+
+
+def fill(store, runs, now_rt, now_mono, connected=()):
+    """`runs` ended runs one hour apart (run 1 oldest), spans and GC rows for
+    each, and kernel/GPU rows covering the whole period."""
+    hour = 3600 * 10**9
+    for run_id in range(1, runs + 1):
+        start = now_mono - (runs - run_id + 1) * hour
+        ended = None if run_id in connected else start + hour // 2
+        store.sql("INSERT INTO runs (run_id, pid, label, started_ns, realtime_ns, connected_ns, "
+                  "ended_ns) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                  [run_id, 1000 + run_id, f"run{run_id}", start,
+                   now_rt - (runs - run_id + 1) * hour, start, ended])
+        ts = start + np.arange(SPANS_PER_RUN, dtype=np.int64) * 1000
+        rng = np.random.default_rng(run_id)
+        store.append("spans", {"run_id": np.full(SPANS_PER_RUN, run_id, dtype=np.int64),
+                               "tid": rng.integers(1, 1 << 20, SPANS_PER_RUN),
+                               "kind": ["step"] * SPANS_PER_RUN, "start_ns": ts,
+                               "end_ns": ts + rng.integers(1, 10**7, SPANS_PER_RUN)})
+        store.append("gc_events", {"run_id": np.full(10, run_id, dtype=np.int64),
+                                   "generation": np.full(10, 2, dtype=np.int8),
+                                   "start_ns": ts[:10], "end_ns": ts[:10] + 5})
+        store.append("offcpu", {"pid": np.full(1000, 1000 + run_id, dtype=np.int32),
+                                "tid": np.full(1000, 1, dtype=np.int32),
+                                "start_ns": ts[:1000], "end_ns": ts[:1000] + 100})
+        store.append("nvml_samples", {"gpu": np.zeros(100, dtype=np.int32), "ts_ns": ts[:100]})
+        store.flush()
+    store.con.execute("CHECKPOINT")
+
+
+def halfway_mb(tmp_path, full_bytes):
+    """A limit halfway between an empty database (schema, views) and `full_bytes`."""
+    empty = Store(str(tmp_path / "empty.duckdb"))
+    empty.con.execute("CHECKPOINT")
+    cur = empty.cursor()
+    base = used_bytes(cur, empty.path)
+    cur.close()
+    empty.close()
+    return (base + (full_bytes - base) / 2) / 2**20
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = Store(str(tmp_path / "r.duckdb"))
+    yield s
+    s.close()
+
+
+def test_size_limit_deletes_oldest_ended_runs_and_their_rows(store, tmp_path):
+    now_rt, now_mono = time.time_ns(), time.monotonic_ns() + 100 * 3600 * 10**9
+    fill(store, runs=8, now_rt=now_rt, now_mono=now_mono, connected={1})
+    cur = store.cursor()
+    limit_mb = halfway_mb(tmp_path, used_bytes(cur, store.path))
+    ret = Retention(store, Limits(max_db_mb=limit_mb, max_age_days=0))
+    done = ret.check(now_rt, now_mono)
+    assert done["after_bytes"] <= limit_mb * 2**20 < done["before_bytes"]
+    kept = [r[0] for r in cur.execute("SELECT run_id FROM runs ORDER BY run_id").fetchall()]
+    deleted = sorted(done["runs_deleted"])
+    # Oldest first, never the connected run 1, newest kept.
+    assert 1 in kept and 8 in kept
+    assert deleted == list(range(2, 2 + len(deleted))) and deleted
+    for table in ("spans", "gc_events"):
+        left = {r[0] for r in cur.execute(f"SELECT DISTINCT run_id FROM {table}").fetchall()}
+        assert left == set(kept), table
+    assert cur.execute("SELECT count(*) FROM spans").fetchone()[0] == SPANS_PER_RUN * len(kept)
+    # Kernel and GPU rows older than the oldest kept run (run 1, connected) stay;
+    # with run 1 kept, nothing in them is older than it.
+    assert cur.execute("SELECT count(*) FROM offcpu").fetchone()[0] == 8000
+    cur.close()
+
+
+def test_kernel_rows_follow_the_oldest_kept_run(store, tmp_path):
+    now_rt, now_mono = time.time_ns(), time.monotonic_ns() + 100 * 3600 * 10**9
+    fill(store, runs=6, now_rt=now_rt, now_mono=now_mono)
+    cur = store.cursor()
+    limit_mb = halfway_mb(tmp_path, used_bytes(cur, store.path))
+    done = Retention(store, Limits(max_db_mb=limit_mb)).check(now_rt, now_mono)
+    oldest_kept = cur.execute("SELECT min(connected_ns) FROM runs").fetchone()[0]
+    assert done["runs_deleted"]
+    for table, col in (("offcpu", "end_ns"), ("nvml_samples", "ts_ns")):
+        assert cur.execute(f"SELECT count(*) FROM {table} WHERE {col} < ?",
+                           [oldest_kept]).fetchone()[0] == 0, table
+        assert cur.execute(f"SELECT count(*) FROM {table}").fetchone()[0] > 0, table
+    cur.close()
+
+
+def test_age_limit_by_wall_clock(store):
+    now_rt, now_mono = time.time_ns(), time.monotonic_ns() + 100 * 3600 * 10**9
+    fill(store, runs=5, now_rt=now_rt, now_mono=now_mono)
+    cur = store.cursor()
+    # 2.5 hours: runs 1-3 started 5, 4, 3 hours ago; runs 4 and 5 stay.
+    done = Retention(store, Limits(max_db_mb=0, max_age_days=2.5 / 24)).check(now_rt, now_mono)
+    assert sorted(done["runs_deleted"]) == [1, 2, 3]
+    assert cur.execute("SELECT DISTINCT run_id FROM spans ORDER BY 1").fetchall() == [(4,), (5,)]
+    cutoff = now_mono - int(2.5 * 3600 * 10**9)
+    assert cur.execute("SELECT count(*) FROM offcpu WHERE end_ns < ?", [cutoff]).fetchone()[0] == 0
+    cur.close()
+
+
+def test_no_limits_deletes_nothing(store):
+    now_rt, now_mono = time.time_ns(), time.monotonic_ns()
+    fill(store, runs=2, now_rt=now_rt - 400 * DAY_NS, now_mono=now_mono)
+    done = Retention(store, Limits(0, 0)).check()
+    assert done["runs_deleted"] == [] and done["rows_deleted"] == 0
+
+
+def test_running_daemon_trims_an_oversized_database(tmp_path):
+    svc = ServiceProcess(tmp_path, '[probes]\nsched_backend = "none"\ngpu_backend = "none"\n'
+                         '[retention]\nmax_age_days = 0\ncheck_interval_s = 1\n')
+    s = Store(svc.db)
+    now_rt, now_mono = time.time_ns(), time.monotonic_ns()
+    fill(s, runs=6, now_rt=now_rt, now_mono=now_mono)
+    cur = s.cursor()
+    full = used_bytes(cur, s.path)
+    cur.close()
+    s.close()
+    limit_mb = round(halfway_mb(tmp_path, full), 2)
+    svc.args += ["--max-db-mb", str(limit_mb)]
+    svc.start()
+    try:
+        svc.wait_log("retention (max_db_mb=")
+        assert svc.stop() == 0
+    finally:
+        svc.kill()
+    runs = [r[0] for r in svc.query("SELECT run_id FROM runs ORDER BY run_id")]
+    assert runs and runs[0] > 1 and runs[-1] == 6
+    used = svc.query("SELECT used_blocks * block_size FROM pragma_database_size()")[0][0]
+    assert used <= limit_mb * 2**20
