@@ -349,7 +349,11 @@ class Ingest:
                                sent_ns, "client_disconnected")
             else:
                 if first_seq > run.expected_seq:
+                    # connected is None: the run comes from the database, so
+                    # the gap is what the previous daemon had not committed
+                    # plus what the client dropped while no daemon was there.
                     reason = ("client_disconnected" if run.connected is False
+                              else "daemon_restart" if run.connected is None
                               else "sequence_gap")
                     self._loss(run, first_seq - run.expected_seq, run.last_sent_ns,
                                sent_ns, reason)

@@ -61,6 +61,7 @@ def test_sigkill_keeps_the_last_flush_and_the_client_reconnects(tmp_path, full, 
     assert r["duplicates"] == 0 and r["connections"] == 2, r
     gap = d.query("SELECT count, reason FROM losses WHERE run_id = ?", [r["run_id"]])
     assert gap and sum(c for c, _ in gap) == r["lost"]
+    assert {reason for _, reason in gap} <= {"daemon_restart", "client_disconnected"}, gap
     figures.update(records_made=r["made"], stored_at_kill=count,
                    newest_stored_ms_before_kill=round(behind_ms), records_stored=r["stored"],
                    records_reported_lost=r["lost"], loss_rows=gap,
