@@ -1,0 +1,71 @@
+"""Fixtures for the fault, load and security suite.
+
+Every test has a CI size (the default: the whole directory runs in well under
+three minutes on two cores) and a full size (`--full` or
+STALLSCOPE_FULL_FAULTS=1, `make faults`). Tests report their figures through
+the `figures` fixture; they are printed at the end of the run and, with
+STALLSCOPE_FAULTS_FIGURES=path, appended to that file as JSON lines (the
+source of RELIABILITY.md's tables).
+"""
+
+import importlib.util
+import json
+import os
+import time
+
+import pytest
+
+# Test modules elsewhere do `from conftest import require_privileged`, and
+# this file is also imported under the name `conftest`: offer the same names
+# (from tests/conftest.py) so that collection order does not matter.
+_spec = importlib.util.spec_from_file_location(
+    "_stallscope_tests_conftest", os.path.join(os.path.dirname(__file__), "..", "conftest.py"))
+_shared = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_shared)
+REQUIRE_PRIVILEGED = _shared.REQUIRE_PRIVILEGED
+require_privileged = _shared.require_privileged
+is_root = _shared.is_root
+
+_FIGURES = []
+
+
+def pytest_addoption(parser):
+    parser.addoption("--full", action="store_true", default=False,
+                     help="run the fault suite at full size (1 M fuzz inputs, 32 clients x 60 s)")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "faults: fault, load and security suite (tests/faults)")
+
+
+def is_full(config):
+    return bool(config.getoption("--full", default=False)) or \
+        os.environ.get("STALLSCOPE_FULL_FAULTS") == "1"
+
+
+@pytest.fixture(scope="session")
+def full(pytestconfig):
+    return is_full(pytestconfig)
+
+
+@pytest.fixture
+def figures(request, full):
+    """A dict the test fills with what it measured."""
+    figs = {}
+    yield figs
+    if figs:
+        entry = {"test": request.node.name, "size": "full" if full else "ci",
+                 "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **figs}
+        _FIGURES.append(entry)
+        path = os.environ.get("STALLSCOPE_FAULTS_FIGURES")
+        if path:
+            with open(path, "a") as f:
+                f.write(json.dumps(entry, sort_keys=True) + "\n")
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _FIGURES:
+        return
+    terminalreporter.section("fault suite figures")
+    for entry in _FIGURES:
+        terminalreporter.write_line(json.dumps(entry, sort_keys=True))
