@@ -1,6 +1,6 @@
 # The two commands a new user needs: `make demo` and `make test`.
 # Both set up what they need first (scripts/bootstrap.sh, idempotent).
-.PHONY: demo test bootstrap bench clean protos install uninstall
+.PHONY: demo test bootstrap bench clean protos install uninstall faults
 
 PYTEST_ARGS ?=
 
@@ -12,6 +12,11 @@ demo: bootstrap
 
 test: bootstrap
 	.venv/bin/python -m pytest $(PYTEST_ARGS)
+
+# The fault, load and security suite at full size (~13 min; RELIABILITY.md).
+# A CI-sized subset runs inside `make test`.
+faults: bootstrap
+	.venv/bin/python -m pytest tests/faults --full $(PYTEST_ARGS)
 
 bench: bootstrap
 	.venv/bin/python bench/run_all.py

@@ -16,10 +16,12 @@ import time
 from . import summary
 
 
-def _wait_for_socket(path, proc, timeout_s=20.0):
+def _wait_for_socket(path, proc, log_path, timeout_s=30.0):
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if os.path.exists(path):
+        with open(log_path) as f:
+            ready = "listening on" in f.read()
+        if ready and os.path.exists(path):
             return
         if proc.poll() is not None:
             raise SystemExit(f"error: the daemon exited early (status {proc.returncode}); "
@@ -42,8 +44,7 @@ def run_demo(args):
     with open(log_path, "w") as log:
         daemon = subprocess.Popen(daemon_cmd, stderr=log, stdout=log)
     try:
-        _wait_for_socket(sock, daemon)
-        time.sleep(0.2)
+        _wait_for_socket(sock, daemon, log_path)
         with open(log_path) as f:
             for line in f:
                 if " probe: using " in line or " probe unavailable" in line \

@@ -344,7 +344,7 @@ def start_api_server(daemon, api_socket, listen=None, tls_cert=None, tls_key=Non
         raise SystemExit(f"error: {exc}") from None
 
     def run_pids():
-        return {r.run_id: r.pid for r in list(daemon.ingest.runs_by_token.values())}
+        return {r.run_id: r.pid for r in list(daemon.ingest.runs.values())}
 
     fanout = Fanout(run_pids)
     detector = StallDetector(fanout).start()
