@@ -22,6 +22,7 @@ from stallscope.store import Store
 class FakeIngest:
     def __init__(self):
         self.runs_by_token = {7: types.SimpleNamespace(run_id=3, pid=4100)}
+        self.runs = {3: self.runs_by_token[7]}
 
     def status(self):
         return {"records_received": 0, "lost_records": 0, "rejections": {}}
