@@ -6,6 +6,8 @@ interleaved rounds in one process so that machine noise hits all arms alike:
 
   none      the bare engine
   probe     probe_client.attach() on the four methods, a live daemon receiving
+  offline   the same with no daemon listening (records written, then dropped
+            at the flush: the hot path without the send)
   seed      a hook like the seed's first one: a dict per row kept in a list,
             a closure per submission assigned to the ticket (a cycle each)
 
@@ -132,13 +134,23 @@ def main():
     tmp = Path(tempfile.mkdtemp(prefix="stallscope-bench-"))
     daemon = DaemonProcess(tmp).start()
     probe = probe_client.connect(socket_path=daemon.socket, gc=True)
-    arms = {"none": Engine(), "probe": Engine(), "seed": Engine()}
-    e = arms["probe"]
-    probe.attach(e, "_step", kind="step")
-    probe.attach(e, "_schedule", kind="schedule", stage="result.phase",
+    arms = {"none": Engine(), "probe": Engine(), "offline": Engine(), "seed": Engine()}
+    offline = probe_client.connect(socket_path=str(tmp / "nobody.sock"), gc=True)
+
+    class OfflineTicket(Ticket):  # its own collect, so only the offline probe wraps it
+        def collect(self):
+            return self.value
+
+    class OfflineExecutor:
+        def submit(self, batch):
+            return OfflineTicket(len(batch.requests))
+    arms["offline"].executor = OfflineExecutor()
+    for p, e, ticket in ((probe, arms["probe"], Ticket), (offline, arms["offline"], OfflineTicket)):
+        p.attach(e, "_step", kind="step")
+        p.attach(e, "_schedule", kind="schedule", stage="result.phase",
                  batch="len(result.requests)")
-    probe.attach(e, "executor.submit", kind="submit")
-    probe.attach(Ticket, "collect", kind="collect")
+        p.attach(e, "executor.submit", kind="submit")
+        p.attach(ticket, "collect", kind="collect")
     # The class-level collect wrapper times every Ticket; the other arms get
     # an unwrapped ticket class so that only the probe arm pays for it.
 
@@ -157,6 +169,7 @@ def main():
             results[name].append(time_steps(engine, a.steps, int(a.period_us * 1000)))
         seed_rows.clear()
     probe.close()
+    offline.close()
     daemon.stop()
     stored = daemon.scalar("SELECT count(*) FROM spans")
     med = {k: statistics.median(v) for k, v in results.items()}

@@ -46,7 +46,7 @@ _HDR = wire.HEADER_SIZE
 _RS = wire.RECORD_SIZE
 _U32 = wire.U32_MAX
 _FULL_AT = wire.DATAGRAM_MAX
-_HALF_AT = wire.HEADER_SIZE + (wire.MAX_RECORDS // 2) * wire.RECORD_SIZE
+_MOSTLY_FULL_AT = wire.HEADER_SIZE + (wire.MAX_RECORDS * 3 // 4) * wire.RECORD_SIZE
 
 _live_probes = weakref.WeakSet()
 
@@ -192,7 +192,7 @@ def _build_wrapper(probe, target, kid, stage, batch, mode, params, owner_ref):
         tags.append(_TAG_TEMPLATE.format(stmt=f"st.batch = int({expr(batch)}) & {_U32}"))
     source = _WRAPPER_TEMPLATE.format(
         params=", ".join(sig), call=call, tags="".join(tags) or "                pass",
-        full=_FULL_AT, rtype=_REC_SPAN, rs=_RS, interval=FLUSH_INTERVAL_NS, half=_HALF_AT)
+        full=_FULL_AT, rtype=_REC_SPAN, rs=_RS, interval=FLUSH_INTERVAL_NS, half=_MOSTLY_FULL_AT)
     namespace = {}
     exec(compile(source, f"<stallscope wrapper kind={kid}>", "exec"), namespace)
     return namespace["make"](probe, target, owner_ref, kid, probe._sid, _pack_record,
@@ -254,7 +254,7 @@ class Probe:
         """Record the span `kind` from `t0` to now; never raises.
 
         Outside any attached method or `span()` block this is an outermost
-        span end: the buffer is sent if it is older than 20 ms or half full."""
+        span end: the buffer is sent if it is older than 20 ms or 3/4 full."""
         try:
             t1 = _monotonic_ns()
             try:
@@ -281,7 +281,7 @@ class Probe:
             if st.depth == 0:
                 st.stage_id = 0
                 st.batch = 0
-                if t1 - self._last_send_ns >= FLUSH_INTERVAL_NS or self._pos >= _HALF_AT:
+                if t1 - self._last_send_ns >= FLUSH_INTERVAL_NS or self._pos >= _MOSTLY_FULL_AT:
                     self._flush(t1)
         except Exception:
             self.errors += 1
