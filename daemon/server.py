@@ -24,6 +24,11 @@ from .store import Store
 log = logging.getLogger("stallscope.daemon")
 
 DECODE_INTERVAL_S = 0.1
+# While someone watches the live stream, decode more often: the probe sends
+# every 20 ms, and at 100 ms the decode cadence alone set the stream's p99
+# (131-190 ms at 10k events/s; 48-81 ms at 20 ms, for ~20% more daemon CPU:
+# bench/results/api.md).
+LIVE_DECODE_INTERVAL_S = 0.02
 # Rows queued for the database beyond which ingest stops reading sockets for
 # a moment: clients then see full sockets and count drops, and the daemon's
 # memory stays bounded instead of growing with a backlog.
@@ -156,7 +161,13 @@ class Daemon:
             self.retention.start()
         if self.api_socket or self.api_options.get("listen"):
             from .api.server import start_api_server
-            self.api = start_api_server(self, self.api_socket, **self.api_options)
+            try:
+                self.api = start_api_server(self, self.api_socket, **self.api_options)
+            except BaseException:
+                # e.g. another daemon serves that socket: close what is open
+                # (probe socket, probes, database) before saying why.
+                self.shutdown()
+                raise
         signal.signal(signal.SIGTERM, self.stop)
         signal.signal(signal.SIGINT, self.stop)
         signal.signal(signal.SIGHUP, lambda *_: self._reload.set())
@@ -174,7 +185,8 @@ class Daemon:
             now = time.monotonic()
             if now >= next_decode:
                 self.ingest.decode_pending()
-                next_decode = now + DECODE_INTERVAL_S
+                live = self.api is not None and self.api.live_subscribers() > 0
+                next_decode = now + (LIVE_DECODE_INTERVAL_S if live else DECODE_INTERVAL_S)
                 if self._reload.is_set():
                     self._reload.clear()
                     config_reload.apply(self)
