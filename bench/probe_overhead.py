@@ -164,9 +164,14 @@ def main():
     arms["seed"].executor = PlainExecutor()
     seed_rows = seed_hook(arms["seed"])
     results = {k: [] for k in arms}
+    collections = {k: [0, 0, 0] for k in arms}
     for r in range(a.rounds):
         for name, engine in arms.items():
+            before = [s["collections"] for s in gc.get_stats()]
             results[name].append(time_steps(engine, a.steps, int(a.period_us * 1000)))
+            after = [s["collections"] for s in gc.get_stats()]
+            for gen in range(3):
+                collections[name][gen] += after[gen] - before[gen]
         seed_rows.clear()
     probe.close()
     offline.close()
@@ -175,9 +180,12 @@ def main():
     med = {k: statistics.median(v) for k, v in results.items()}
     print(f"steps per round {a.steps}, rounds {a.rounds}, one step every {a.period_us:g} us, "
           f"python {sys.version.split()[0]}, cpus {os.cpu_count()}")
+    steps_total = a.steps * a.rounds
     for name in arms:
-        print(f"  {name:6s} median {med[name] / 1000:7.3f} us/step   added "
-              f"{(med[name] - med['none']) / 1000:7.3f} us/step")
+        per_10k = [round(c * 10000 / steps_total, 1) for c in collections[name]]
+        print(f"  {name:7s} median {med[name] / 1000:7.3f} us/step   added "
+              f"{(med[name] - med['none']) / 1000:7.3f} us/step   GC passes per 10k steps "
+              f"(gen0, gen1, gen2): {per_10k}")
     st = probe.stats()
     print(f"  probe: {st['sent_records']} records sent, {st['drops_full']} dropped (socket "
           f"full), {stored} stored by the daemon")
