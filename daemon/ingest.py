@@ -26,6 +26,8 @@ import numpy as np
 
 from probe_client import wire
 
+from .unixsock import prepare_path
+
 log = logging.getLogger("stallscope.ingest")
 
 RECORD_DTYPE = np.dtype([
@@ -131,19 +133,8 @@ class Ingest:
             return sock
         if not path:
             raise SystemExit("error: no probe socket path given (--socket)")
-        parent = os.path.dirname(os.path.abspath(path))
-        os.makedirs(parent, exist_ok=True)
-        if os.path.exists(path):
-            probe = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-            try:
-                probe.connect(path)
-            except OSError:
-                os.unlink(path)  # stale: nobody listens there
-            else:
-                probe.close()
-                raise SystemExit(f"error: another daemon is listening on {path}")
-            finally:
-                probe.close()
+        if not prepare_path(path, socket.SOCK_SEQPACKET):
+            raise SystemExit(f"error: another daemon is listening on {path}")
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
         old = os.umask(0o117)
         try:

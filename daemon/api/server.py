@@ -29,6 +29,7 @@ from . import stallscope_pb2 as pb
 from . import stallscope_pb2_grpc as pb_grpc
 from .alerts import StallDetector
 from .fanout import Fanout, Filter
+from ..unixsock import prepare_path
 from .sandbox import NotSandboxed, QueryError, QueryRun
 
 log = logging.getLogger("stallscope.api")
@@ -287,18 +288,8 @@ def _version():
 
 
 def _prepare_unix_socket(path):
-    parent = os.path.dirname(os.path.abspath(path))
-    os.makedirs(parent, exist_ok=True)
-    if os.path.exists(path):
-        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            probe.connect(path)
-        except OSError:
-            os.unlink(path)   # stale: nobody listens there
-        else:
-            raise ApiConfigError(f"another process serves the API on {path}")
-        finally:
-            probe.close()
+    if not prepare_path(path, socket.SOCK_STREAM):
+        raise ApiConfigError(f"another process serves the API on {path}")
 
 
 class ApiServer:
