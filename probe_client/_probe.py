@@ -530,8 +530,8 @@ class Probe:
         """Connect if needed and send the names the daemon lacks. Called with
         the lock held; at most one connection attempt per second."""
         if self._sock is None:
-            if now < self._next_connect_ns:
-                return False
+            if self._closed or now < self._next_connect_ns:
+                return False  # closed: a straggling wrapper call must not reconnect
             self._next_connect_ns = now + RECONNECT_INTERVAL_NS
             if not self._connect():
                 return False

@@ -77,6 +77,7 @@ def test_injected_causes_are_recovered(traced_run):
     predicted = {s[0]: s[3] for s in steps}
     confusion = Counter((truth[k], predicted[k]) for k in truth)
     report = f"(expected, got) counts: {dict(confusion)}"
+    print(report)
     for label in CAUSES.values():
         injected_n = sum(1 for v in truth.values() if v == label)
         hit = confusion[(label, label)]
