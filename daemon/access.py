@@ -23,6 +23,11 @@ STATUS_QUERIES = (
                        "ORDER BY count DESC"),
 )
 
+# Public tables and views (private helpers start with '_'), views first.
+LIST_NAMES = ("SELECT table_name AS name, lower(table_type) AS kind FROM information_schema.tables "
+              "WHERE table_schema = 'main' AND NOT starts_with(table_name, '_') "
+              "ORDER BY table_type DESC, table_name")
+
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 

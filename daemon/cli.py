@@ -93,7 +93,8 @@ def build_parser():
     m.add_argument("--out", default=None, help="where to write the report's PNG figures")
 
     q = sub.add_parser("query", help="run a named query (a view) or SQL")
-    q.add_argument("sql", help="a view name (see `stallscope query --list`) or a SQL query")
+    q.add_argument("sql", nargs="?", help="a view name (see --list) or a SQL query")
+    q.add_argument("--list", action="store_true", help="list the named queries and tables")
     q.add_argument("--format", choices=["table", "csv", "json"], default="table")
     q.add_argument("--limit", type=int, default=None, help="at most this many rows")
     _add_db(q)
@@ -208,9 +209,15 @@ def _open_readonly(args):
 
 def cmd_query(args):
     from . import access, formatting
+    if args.list:
+        sql = access.LIST_NAMES
+    elif args.sql:
+        sql = access.named_or_sql(args.sql)
+    else:
+        raise UserError("give a view name or SQL (or --list to see the names)")
     source = _open_readonly(args)
     try:
-        columns, rows = source.query(access.named_or_sql(args.sql), limit=args.limit)
+        columns, rows = source.query(sql, limit=args.limit)
     except access.AccessError as exc:
         raise UserError(str(exc)) from None
     finally:

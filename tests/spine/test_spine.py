@@ -275,3 +275,21 @@ def test_probe_never_raises_on_bad_input(daemon):
     probe.close()
     assert daemon.stop()[0] == 0
     assert daemon.scalar("SELECT count(*) FROM spans") == 2
+
+
+def test_query_cli_lists_names_and_reports_bad_sql(daemon):
+    probe = probe_client.connect(socket_path=daemon.socket, gc=False)
+    probe.end("step", probe.begin(), stage="coda", batch=1)
+    probe.close()
+    assert daemon.stop()[0] == 0
+    cli = [sys.executable, "-m", "stallscope.cli", "query", "--db", daemon.db]
+    listed = subprocess.run(cli + ["--list", "--format", "csv"], capture_output=True, text=True)
+    assert listed.returncode == 0
+    names = {line.split(",")[0] for line in listed.stdout.splitlines()[1:]}
+    assert {"spans", "runs", "step_attribution", "seed_gen2"} <= names
+    assert not any(n.startswith("_") for n in names)
+    ok = subprocess.run(cli + ["spans", "--format", "json"], capture_output=True, text=True)
+    assert ok.returncode == 0 and json.loads(ok.stdout)["stage"] == "coda"
+    bad = subprocess.run(cli + ["selec 1"], capture_output=True, text=True)
+    assert bad.returncode == 2 and bad.stderr.startswith("error: Parser Error")
+    assert "Traceback" not in bad.stderr
