@@ -6,7 +6,8 @@ when its duration exceeds `factor` (1.2) times the median of the last
 `min_samples` of them). The alert carries what is known at that moment: GC
 time inside the step (passes of the same run already received) and off-CPU
 time of the step's thread (the scheduling probe's intervals already
-received), and a cause named after the largest of them. It reads from its
+received), and a cause named after the largest of them. An alert that
+nothing explains yet waits up to HOLD_UNEXPLAINED_S for late kernel events. It reads from its
 own bounded subscriber queue on its own thread, so it never slows ingest;
 if it falls behind it loses batches like any subscriber (counted in
 `dropped`). It never queries the database: the step_attribution view gives
@@ -37,6 +38,12 @@ HORIZON_NS = 5_000_000_000
 # After a wake-up, wait this long before draining: ingest appends a run's
 # spans and then its GC passes from the same decode round, microseconds apart.
 SETTLE_S = 0.002
+# A slow step that nothing received so far explains is held this long for
+# kernel events to catch up (the scheduling probe's reader and ingest decode
+# on their own cadences, so a step's off-CPU interval can arrive one round
+# after the step); it is sent as soon as something explains it, or as
+# 'unexplained' when the time is up.
+HOLD_UNEXPLAINED_S = 0.25
 
 
 class _Intervals:
@@ -134,8 +141,10 @@ def name_cause(excess_ns, gc_ns, gc_gen, preempted_ns, blocked_ns):
 class StallDetector:
     """Consumes spans, GC passes and off-CPU intervals; publishes stall alerts."""
 
-    def __init__(self, fanout, factor=1.2, window=64, min_samples=8, max_queue_events=500_000):
+    def __init__(self, fanout, factor=1.2, window=64, min_samples=8, max_queue_events=500_000,
+                 hold_unexplained_s=HOLD_UNEXPLAINED_S):
         self.fanout = fanout
+        self.hold_unexplained_s = hold_unexplained_s
         self.factor = factor
         self.min_samples = min_samples
         self.baselines = Baselines(window)
@@ -148,6 +157,7 @@ class StallDetector:
                                     max_queue_events, name="stall-detector")
         self.alerts_sent = 0
         self.steps_seen = 0
+        self.pending = []             # (deadline, alert args) of unexplained alerts
         self._thread = threading.Thread(target=self._run, name="api-stall-alerts", daemon=True)
 
     @property
@@ -164,12 +174,13 @@ class StallDetector:
 
     def _run(self):
         while not self.sub.closed:
-            items, _ = self.sub.take(0.5)
-            if not items:
+            items, _ = self.sub.take(0.02 if self.pending else 0.5)
+            if items:
+                time.sleep(SETTLE_S)
+                more, _ = self.sub.take(0)
+                items += more
+            elif not self.pending:
                 continue
-            time.sleep(SETTLE_S)
-            more, _ = self.sub.take(0)
-            items += more
             try:
                 self.process(items)
             except Exception:
@@ -191,7 +202,7 @@ class StallDetector:
                                 offcpu_weights(batch))
             elif kind == pb.SPAN:
                 spans.append(batch)
-        rows = []
+        rows = self._release_pending(time.monotonic())
         latest_ns = 0
         for batch in spans:
             steps = batch.filter(pc.fill_null(pc.equal(batch["kind"], "step"), False))
@@ -222,7 +233,24 @@ class StallDetector:
             if median is None or n < self.min_samples or median <= 0 \
                     or dur <= self.factor * median:
                 continue
-            out.append(self._alert(runs, run_id, tid, stage, size, s, e, dur, median))
+            args = (runs, run_id, tid, stage, size, s, e, dur, median)
+            alert = self._alert(*args)
+            if alert["cause"] == "unexplained" and self.hold_unexplained_s > 0:
+                self.pending.append((time.monotonic() + self.hold_unexplained_s, args))
+            else:
+                out.append(alert)
+        return out
+
+    def _release_pending(self, now):
+        """Alerts held for late events: those now explained, or out of time."""
+        out, keep = [], []
+        for deadline, args in self.pending:
+            alert = self._alert(*args)
+            if alert["cause"] != "unexplained" or now >= deadline:
+                out.append(alert)
+            else:
+                keep.append((deadline, args))
+        self.pending = keep
         return out
 
     def _alert(self, runs, run_id, tid, stage, size, s, e, dur, median):

@@ -19,9 +19,10 @@ def steady(n, run=1, tid=10, stage="recurrent", batch=4, dur=10 * MS, t0=0):
             for i in range(n)]
 
 
-def detector():
+def detector(hold_s=0.0):
     fan = Fanout(lambda: {1: 4242, 2: 4343})
-    return fan, StallDetector(fan, factor=1.2, window=16, min_samples=8)
+    return fan, StallDetector(fan, factor=1.2, window=16, min_samples=8,
+                              hold_unexplained_s=hold_s)
 
 
 def test_running_median_per_key():
@@ -119,3 +120,21 @@ def test_sampled_proc_windows_are_pro_rated_and_flagged():
     a = got.to_pylist()[0]
     assert a["offcpu_ns"] == 20 * MS and a["preempted_ns"] == 15 * MS
     assert a["offcpu_sampled"] is True and a["cause"] == "preempted"
+
+
+def test_unexplained_alert_waits_for_late_kernel_events():
+    import time as _time
+    fan, det = detector(hold_s=0.2)
+    slow = (1, 10, "step", "recurrent", 4, 1000 * MS, 1000 * MS + 40 * MS)
+    assert det.process([(pb.SPAN, spans(steady(10) + [slow]))]) is None   # held
+    assert len(det.pending) == 1
+    off = pa.table({"pid": [4242], "tid": [10], "start_ns": [1005 * MS], "end_ns": [1035 * MS],
+                    "preempted": [False], "cpu": [0]})
+    got = det.process([(pb.OFF_CPU, off)])       # the interval arrives a round later
+    a = got.to_pylist()[0]
+    assert a["cause"] == "blocked" and a["offcpu_ns"] == 30 * MS and not det.pending
+    other = (1, 10, "step", "recurrent", 4, 2000 * MS, 2000 * MS + 40 * MS)
+    assert det.process([(pb.SPAN, spans([other]))]) is None
+    _time.sleep(0.25)
+    got = det.process([])                         # nothing came: sent as unexplained
+    assert got.to_pylist()[0]["cause"] == "unexplained" and not det.pending
