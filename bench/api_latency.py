@@ -32,12 +32,12 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from stallscope.api import stallscope_pb2 as pb  # noqa: E402
+from stallscope.api.v1 import stallscope_pb2 as pb  # noqa: E402
 from stallscope.api.client import Client  # noqa: E402
 
 DAEMON = """
 import sys
-import stallscope.server as server
+import stallscope.service.server as server
 if float(sys.argv[1]) > 0:  # 0: the daemon's own policy (20 ms while subscribed)
     server.DECODE_INTERVAL_S = server.LIVE_DECODE_INTERVAL_S = float(sys.argv[1]) / 1000.0
 from stallscope.cli import main

@@ -28,8 +28,8 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from stallscope import views
-from stallscope.store import apply_schema
+from stallscope.analysis import views
+from stallscope.service.store import apply_schema
 
 STEP_NS = 5_000_000
 RUNS = 10

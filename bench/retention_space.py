@@ -16,8 +16,8 @@ import time
 import duckdb
 import numpy as np
 
-from stallscope.retention import used_bytes
-from stallscope.store import Store
+from stallscope.service.retention import used_bytes
+from stallscope.service.store import Store
 
 
 def fill_run(store, run_id, n):

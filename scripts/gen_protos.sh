@@ -1,10 +1,9 @@
 #!/usr/bin/env bash
-# Generates the Python gRPC code for protos/stallscope/v1/stallscope.proto:
-# the one way daemon/api/stallscope_pb2{,_grpc}.py{,i} are made (never edit
-# them by hand). grpc_tools.protoc writes absolute imports that assume the
-# proto's package path (`from stallscope.v1 import ...`), which would collide
-# with our own `stallscope` package, so the grpc module's import is rewritten
-# to a relative one here, as part of generation.
+# Generates the Python gRPC code for protos/stallscope/api/v1/stallscope.proto:
+# the one way daemon/stallscope/api/v1/stallscope_pb2{,_grpc}.py{,i} are made
+# (never edit them by hand). The proto file's path mirrors the Python package
+# it generates (stallscope.api.v1), so protoc's own absolute imports are right
+# as generated; the proto *package* (the names on the wire) is stallscope.v1.
 #
 #   scripts/gen_protos.sh             regenerate
 #   scripts/gen_protos.sh --if-stale  regenerate only if the output would change
@@ -12,8 +11,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
-PROTO=stallscope/v1/stallscope.proto
-DEST=daemon/api
+PROTO=stallscope/api/v1/stallscope.proto
+DEST=daemon/stallscope/api/v1
 FILES=(stallscope_pb2.py stallscope_pb2.pyi stallscope_pb2_grpc.py)
 mode=${1:-}
 
@@ -21,11 +20,7 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 "$PY" -m grpc_tools.protoc -I protos --python_out="$tmp" --pyi_out="$tmp" \
   --grpc_python_out="$tmp" "protos/$PROTO"
-gen="$tmp/stallscope/v1"
-sed -i 's/^from stallscope\.v1 import stallscope_pb2 as /from . import stallscope_pb2 as /' \
-  "$gen/stallscope_pb2_grpc.py"
-grep -q '^from \. import stallscope_pb2 as ' "$gen/stallscope_pb2_grpc.py" || {
-  echo "gen_protos: could not rewrite the import in stallscope_pb2_grpc.py" >&2; exit 1; }
+gen="$tmp/stallscope/api/v1"
 
 stale=()
 for f in "${FILES[@]}"; do

@@ -18,7 +18,6 @@ import os
 import platform
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -26,13 +25,11 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def import_stallscope():
-    """Import the probe from an installed package or straight from daemon/."""
+    """Import the probe from an installed package or the source root daemon/."""
     try:
         import stallscope.probes.gpu_nvml  # noqa: F401
     except ImportError:
-        shim = Path(tempfile.mkdtemp(prefix="stallscope-shim-"))
-        (shim / "stallscope").symlink_to(ROOT / "daemon")
-        sys.path.insert(0, str(shim))
+        sys.path.insert(0, str(ROOT / "daemon"))
     from stallscope.probes import gpu_nvml
     from stallscope.probes.base import ProbeSettings, Sink
     return gpu_nvml, ProbeSettings, Sink

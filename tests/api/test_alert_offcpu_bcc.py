@@ -8,7 +8,7 @@ import pytest
 
 import probe_client
 from apihelpers import start_api_daemon, stop, wait_for
-from stallscope.api import stallscope_pb2 as pb
+from stallscope.api.v1 import stallscope_pb2 as pb
 from stallscope.api.client import Client
 from stallscope.probes.sched_bcc import BccSchedProbe
 

@@ -2,7 +2,7 @@
 
 import pyarrow as pa
 
-from stallscope.api import stallscope_pb2 as pb
+from stallscope.api.v1 import stallscope_pb2 as pb
 from stallscope.api.alerts import Baselines, StallDetector, name_cause
 from stallscope.api.fanout import Fanout, Filter
 

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+GEN_DIR = Path("daemon") / "stallscope" / "api" / "v1"
 GENERATED = ("stallscope_pb2.py", "stallscope_pb2.pyi", "stallscope_pb2_grpc.py")
 
 
@@ -27,17 +28,17 @@ def test_a_changed_proto_is_caught_and_regenerated(tmp_path):
     (copy / "scripts").mkdir(parents=True)
     shutil.copy2(ROOT / "scripts" / "gen_protos.sh", copy / "scripts")
     shutil.copytree(ROOT / "protos", copy / "protos")
-    (copy / "daemon" / "api").mkdir(parents=True)
+    (copy / GEN_DIR).mkdir(parents=True)
     for name in GENERATED:
-        shutil.copy2(ROOT / "daemon" / "api" / name, copy / "daemon" / "api" / name)
+        shutil.copy2(ROOT / GEN_DIR / name, copy / GEN_DIR / name)
     assert _gen(copy, "--check").returncode == 0
-    proto = copy / "protos" / "stallscope" / "v1" / "stallscope.proto"
+    proto = copy / "protos" / "stallscope" / "api" / "v1" / "stallscope.proto"
     proto.write_text(proto.read_text().replace(
         "message GetStatusRequest {}", "message GetStatusRequest { bool verbose = 1; }"))
     out = _gen(copy, "--check")
     assert out.returncode == 1 and "stale" in out.stderr and "stallscope_pb2.py" in out.stderr
     assert _gen(copy, "--if-stale").returncode == 0
-    assert "verbose" in (copy / "daemon" / "api" / "stallscope_pb2.pyi").read_text()
+    assert "verbose" in (copy / GEN_DIR / "stallscope_pb2.pyi").read_text()
     assert _gen(copy, "--check").returncode == 0
-    grpc_module = (copy / "daemon" / "api" / "stallscope_pb2_grpc.py").read_text()
-    assert "from . import stallscope_pb2 as" in grpc_module
+    grpc_module = (copy / GEN_DIR / "stallscope_pb2_grpc.py").read_text()
+    assert "from stallscope.api.v1 import stallscope_pb2 as" in grpc_module

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 from apihelpers import wait_for
-from stallscope.api import stallscope_pb2 as pb
+from stallscope.api.v1 import stallscope_pb2 as pb
 from stallscope.api.client import Client
 from stallscope.api.server import start_api_server
-from stallscope.store import Store
+from stallscope.service.store import Store
 
 
 class FakeIngest:

@@ -9,8 +9,8 @@ import pytest
 
 import probe_client
 from apihelpers import start_api_daemon, stop, wait_for
-from stallscope import access
-from stallscope.api import stallscope_pb2 as pb
+from stallscope.analysis import access
+from stallscope.api.v1 import stallscope_pb2 as pb
 from stallscope.api.client import ApiError, ApiSource, Client
 
 N_STEPS = 600

@@ -12,7 +12,7 @@ import grpc
 
 import probe_client
 from apihelpers import api_daemon, client, stop, wait_for  # noqa: F401 (fixtures)
-from stallscope.api import stallscope_pb2 as pb
+from stallscope.api.v1 import stallscope_pb2 as pb
 from stallscope.api.client import Client
 
 

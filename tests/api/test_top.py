@@ -7,7 +7,7 @@ import time
 
 import probe_client
 from apihelpers import api_daemon  # noqa: F401 (fixtures)
-from stallscope.api import stallscope_pb2 as pb
+from stallscope.api.v1 import stallscope_pb2 as pb
 from stallscope.api import top
 
 

@@ -42,7 +42,7 @@ def traced_run(tmp_path_factory):
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
     try:
         subprocess.run(
-            [sys.executable, "-m", "stallscope.scenario", daemon.socket, "--duration", "30",
+            [sys.executable, "-m", "stallscope.demo.scenario", daemon.socket, "--duration", "30",
              "--warmup", "2", "--rate", "2", "--heap-objects", "300000", "--label", "inject",
              "--inject", ",".join(CAUSES), "--inject-every", "20", "--inject-ms", "25",
              "--inject-log", str(log)], check=True, env=env, timeout=240)

@@ -21,8 +21,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from fuzzwire import Fuzzer
 from probe_client import wire
-from stallscope.ingest import Connection, Ingest
-from stallscope.store import Store
+from stallscope.service.ingest import Connection, Ingest
+from stallscope.service.store import Store
 
 pytestmark = pytest.mark.faults
 

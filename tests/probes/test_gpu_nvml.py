@@ -20,8 +20,8 @@ import fake_nvml  # noqa: E402
 from stallscope.probes import gpu_nvml  # noqa: E402
 from stallscope.probes.base import ProbeSettings  # noqa: E402
 from stallscope.probes.gpu_reasons import decode_clock_event_reasons, is_slowdown  # noqa: E402
-from stallscope.server import StoreSink  # noqa: E402  (the daemon's own sink)
-from stallscope.store import Store  # noqa: E402
+from stallscope.service.server import StoreSink  # noqa: E402  (the daemon's own sink)
+from stallscope.service.store import Store  # noqa: E402
 
 
 @pytest.fixture
@@ -348,7 +348,7 @@ def test_gpu_check_script_runs_against_the_fake(tmp_path, monkeypatch):
 
 def test_daemon_selects_and_runs_the_probe(fake, tmp_path):
     import duckdb
-    from stallscope.server import Daemon
+    from stallscope.service.server import Daemon
     d = Daemon(str(tmp_path / "probe.sock"), str(tmp_path / "d.duckdb"), sched_backend="none",
                settings=ProbeSettings(gpu_poll_hz=40))
     try:

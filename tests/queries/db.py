@@ -2,7 +2,7 @@
 
 import duckdb
 
-from stallscope.store import apply_schema
+from stallscope.service.store import apply_schema
 
 MS = 1_000_000
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from stallscope.store import apply_schema
+from stallscope.service.store import apply_schema
 
 HERE = Path(__file__).parent
 CASES = sorted((HERE / "cases").glob("*.sql"))
@@ -48,7 +48,7 @@ def run_case(path):
 def test_every_query_file_loads():
     con = duckdb.connect()
     apply_schema(con)
-    from stallscope import views
+    from stallscope.analysis import views
     assert views.create_views(con) == []
 
 

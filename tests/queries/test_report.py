@@ -7,9 +7,9 @@ import pyarrow as pa
 import pytest
 
 from db import MS, new_db
-from stallscope.compare import RunNotFound, compare_runs
-from stallscope.formatting import format_rows
-from stallscope.report import build_report
+from stallscope.analysis.compare import RunNotFound, compare_runs
+from stallscope.analysis.formatting import format_rows
+from stallscope.analysis.report import build_report
 
 N = 2000          # steps per run
 STALL = 1501      # index of the step the gen-2 pass stalls in run 1

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from stallscope import scenario
+from stallscope.demo import scenario
 
 
 def test_request_walks_the_recurrent_depth_stages():
@@ -39,7 +39,7 @@ def test_schedule_is_fcfs_by_stage_with_prefill_first():
 
 def _run(daemon, *args, duration=14):
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
-    subprocess.run([sys.executable, "-m", "stallscope.scenario", daemon.socket,
+    subprocess.run([sys.executable, "-m", "stallscope.demo.scenario", daemon.socket,
                     "--duration", str(duration), "--warmup", "3", *args],
                    check=True, env=env, timeout=120)
     assert daemon.stop()[0] == 0

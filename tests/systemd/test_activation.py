@@ -13,7 +13,7 @@ import pytest
 import probe_client
 from sdtools import NotifyListener, ServiceProcess, have
 
-from stallscope import activation
+from stallscope.service import activation
 
 pytestmark = pytest.mark.skipif(not have("systemd-socket-activate"),
                                 reason="needs systemd-socket-activate (Debian package systemd)")
@@ -97,7 +97,7 @@ def test_listen_fds_parsing():
         "b = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\n"
         "os.dup2(a.fileno(), 3); os.dup2(b.fileno(), 4)\n"
         "os.environ.update(LISTEN_PID=str(os.getpid()), LISTEN_FDS='2', LISTEN_FDNAMES='probe:api')\n"
-        "from stallscope import activation as act\n"
+        "from stallscope.service import activation as act\n"
         "fds = act.listen_fds()\n"
         "print(json.dumps([fds, act.pick(fds, 'probe'), 'LISTEN_FDS' in os.environ,"
         " os.get_inheritable(3)]))\n")

@@ -10,7 +10,7 @@ import pytest
 import probe_client
 from sdtools import REPO, NotifyListener, ServiceProcess, proc_backend_available
 
-from stallscope import config
+from stallscope.service import config
 
 
 def write(tmp_path, text, name="c.toml"):

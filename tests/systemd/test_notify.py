@@ -13,7 +13,7 @@ import pytest
 
 from sdtools import NotifyListener, ServiceProcess, proc_backend_available
 
-from stallscope import notify as notifymod
+from stallscope.service import notify as notifymod
 
 NO_PROBES = '[probes]\nsched_backend = "none"\ngpu_backend = "none"\n'
 

@@ -9,8 +9,8 @@ import pytest
 
 from sdtools import ServiceProcess
 
-from stallscope.retention import Limits, Retention, used_bytes
-from stallscope.store import Store
+from stallscope.service.retention import Limits, Retention, used_bytes
+from stallscope.service.store import Store
 
 # One DuckDB row group per run: space comes back a row group at a time.
 SPANS_PER_RUN = 122_880

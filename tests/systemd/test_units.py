@@ -11,7 +11,7 @@ import pytest
 
 from sdtools import REPO, have
 
-from stallscope import activation
+from stallscope.service import activation
 
 INSTALL = str(REPO / "scripts" / "install.sh")
 UNITDIR = "usr/local/lib/systemd/system"

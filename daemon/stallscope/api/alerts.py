@@ -1,0 +1,275 @@
+"""Live stall alerts: a step slower than its running baseline, sent at once.
+
+The seed's rule, applied as steps arrive: a step (span kind "step") is slow
+when its duration exceeds `factor` (1.2) times the median of the last
+`window` steps with the same run, stage and batch size (at least
+`min_samples` of them). The alert carries what is known at that moment: GC
+time inside the step (passes of the same run already received) and off-CPU
+time of the step's thread (the scheduling probe's intervals already
+received), and a cause named after the largest of them. An alert that
+nothing explains yet waits up to HOLD_UNEXPLAINED_S for late kernel events. It reads from its
+own bounded subscriber queue on its own thread, so it never slows ingest;
+if it falls behind it loses batches like any subscriber (counted in
+`dropped`). It never queries the database: the step_attribution view gives
+the complete answer later.
+"""
+
+import bisect
+import logging
+import threading
+import time
+from collections import deque
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from stallscope.api.v1 import stallscope_pb2 as pb
+from stallscope.api.fanout import Filter
+
+log = logging.getLogger("stallscope.api.alerts")
+
+ALERT_COLUMNS = ("run_id", "pid", "tid", "stage", "batch", "start_ns", "end_ns",
+                 "duration_ns", "baseline_ns", "ratio", "gc_overlap_ns", "gc_generation",
+                 "offcpu_ns", "preempted_ns", "cause", "offcpu_sampled")
+# GC passes and off-CPU intervals are kept this long for overlap (ns): a step
+# and the events inside it arrive within one or two decode rounds.
+HORIZON_NS = 5_000_000_000
+# After a wake-up, wait this long before draining: ingest appends a run's
+# spans and then its GC passes from the same decode round, microseconds apart.
+SETTLE_S = 0.002
+# A slow step that nothing received so far explains is held this long for
+# kernel events to catch up (the scheduling probe's reader and ingest decode
+# on their own cadences, so a step's off-CPU interval can arrive one round
+# after the step); it is sent as soon as something explains it, or as
+# 'unexplained' when the time is up.
+HOLD_UNEXPLAINED_S = 0.25
+
+
+class _Intervals:
+    """Recent intervals per key as numpy arrays, pruned by age (`extra`: one
+    value or a row of values per interval)."""
+
+    def __init__(self):
+        self.by_key = {}   # key -> (start_ns, end_ns, extra) arrays
+
+    def add(self, keys, start, end, extra):
+        for key in np.unique(keys):
+            sel = keys == key
+            k = int(key)
+            new = (start[sel], end[sel], extra[sel])
+            old = self.by_key.get(k)
+            if old is not None:
+                new = tuple(np.concatenate([o, n]) for o, n in zip(old, new))
+            self.by_key[k] = new
+
+    def prune(self, now_ns):
+        for k, (s, e, x) in list(self.by_key.items()):
+            keep = e >= now_ns - HORIZON_NS
+            if not keep.any():
+                del self.by_key[k]
+            elif not keep.all():
+                self.by_key[k] = (s[keep], e[keep], x[keep])
+
+    def overlap(self, key, start_ns, end_ns):
+        """(overlap ns per interval, extras) of intervals intersecting [start, end)."""
+        got = self.by_key.get(key)
+        if got is None:
+            return None, None
+        s, e, x = got
+        inter = np.minimum(e, end_ns) - np.maximum(s, start_ns)
+        hit = inter > 0
+        return inter[hit], x[hit]
+
+
+def offcpu_weights(batch):
+    """Per row (off-CPU fraction, preempted fraction, sampled) of an offcpu batch."""
+    n = batch.num_rows
+    pre = pc.fill_null(batch["preempted"], False).to_numpy(zero_copy_only=False)
+    weights = np.zeros((n, 3))
+    weights[:, 0] = 1.0
+    weights[:, 1] = pre.astype(float)
+    if "resolution_ns" in batch.column_names and batch["resolution_ns"].null_count < n:
+        window = ~batch["resolution_ns"].is_null().to_numpy(zero_copy_only=False)
+
+        def col(name):
+            if name not in batch.column_names:
+                return np.zeros(n)
+            return pc.fill_null(batch[name], 0).to_numpy(zero_copy_only=False).astype(float)
+        length = (batch["end_ns"].to_numpy(zero_copy_only=False)
+                  - batch["start_ns"].to_numpy(zero_copy_only=False)).astype(float)
+        off = np.clip(col("offcpu_ns") / np.maximum(length, 1.0), 0.0, 1.0)
+        events = col("events")
+        share = np.where(events > 0, col("preempted_events") / np.maximum(events, 1.0), 0.0)
+        weights[window, 0] = off[window]
+        weights[window, 1] = (off * share)[window]
+        weights[window, 2] = 1.0
+    return weights
+
+
+class Baselines:
+    """Running median of the last `window` step durations per (run, stage, batch)."""
+
+    def __init__(self, window=64):
+        self.window = window
+        self.recent = {}   # key -> (deque of durations in order, sorted list)
+
+    def observe(self, key, duration_ns):
+        """The median before this step (None when no history), then record it."""
+        entry = self.recent.get(key)
+        if entry is None:
+            entry = self.recent[key] = (deque(), [])
+        order, ranked = entry
+        n = len(ranked)
+        median = ranked[n // 2] if n else None
+        order.append(duration_ns)
+        bisect.insort(ranked, duration_ns)
+        if len(order) > self.window:
+            old = order.popleft()
+            del ranked[bisect.bisect_left(ranked, old)]
+        return median, n
+
+
+def name_cause(excess_ns, gc_ns, gc_gen, preempted_ns, blocked_ns):
+    """The largest known contributor to the excess, if it explains a quarter of it."""
+    parts = {"gc_gen2" if gc_gen == 2 else "gc": gc_ns, "preempted": preempted_ns,
+             "blocked": blocked_ns}
+    cause, ns = max(parts.items(), key=lambda kv: kv[1])
+    return cause if excess_ns > 0 and ns >= excess_ns / 4 else "unexplained"
+
+
+class StallDetector:
+    """Consumes spans, GC passes and off-CPU intervals; publishes stall alerts."""
+
+    def __init__(self, fanout, factor=1.2, window=64, min_samples=8, max_queue_events=500_000,
+                 hold_unexplained_s=HOLD_UNEXPLAINED_S):
+        self.fanout = fanout
+        self.hold_unexplained_s = hold_unexplained_s
+        self.factor = factor
+        self.min_samples = min_samples
+        self.baselines = Baselines(window)
+        self.gc = _Intervals()        # by run_id; extra = generation
+        # by tid; extra = (fraction of the interval off CPU, fraction preempted,
+        # sampled?): exact rows are (1, 1 or 0, 0); a /proc window row is
+        # pro-rated by its counters.
+        self.offcpu = _Intervals()
+        self.sub = fanout.subscribe(Filter(kinds=(pb.SPAN, pb.GC_PASS, pb.OFF_CPU)),
+                                    max_queue_events, name="stall-detector")
+        self.alerts_sent = 0
+        self.steps_seen = 0
+        self.pending = []             # (deadline, alert args) of unexplained alerts
+        self._thread = threading.Thread(target=self._run, name="api-stall-alerts", daemon=True)
+
+    @property
+    def dropped(self):
+        return self.sub.dropped_total
+
+    def start(self):
+        self._thread.start()
+        return self
+
+    def stop(self):
+        self.fanout.unsubscribe(self.sub)
+        self._thread.join(timeout=2)
+
+    def _run(self):
+        while not self.sub.closed:
+            items, _ = self.sub.take(0.02 if self.pending else 0.5)
+            if items:
+                time.sleep(SETTLE_S)
+                more, _ = self.sub.take(0)
+                items += more
+            elif not self.pending:
+                continue
+            try:
+                self.process(items)
+            except Exception:
+                log.exception("stall detector failed on a batch; continuing")
+
+    def process(self, items):
+        """Feed (kind, pa.Table) items; publishes and returns the alerts table."""
+        spans = []
+        for kind, batch in items:
+            if kind == pb.GC_PASS:
+                self.gc.add(batch["run_id"].to_numpy(zero_copy_only=False),
+                            batch["start_ns"].to_numpy(zero_copy_only=False),
+                            batch["end_ns"].to_numpy(zero_copy_only=False),
+                            batch["generation"].to_numpy(zero_copy_only=False))
+            elif kind == pb.OFF_CPU:
+                self.offcpu.add(batch["tid"].to_numpy(zero_copy_only=False),
+                                batch["start_ns"].to_numpy(zero_copy_only=False),
+                                batch["end_ns"].to_numpy(zero_copy_only=False),
+                                offcpu_weights(batch))
+            elif kind == pb.SPAN:
+                spans.append(batch)
+        rows = self._release_pending(time.monotonic())
+        latest_ns = 0
+        for batch in spans:
+            steps = batch.filter(pc.fill_null(pc.equal(batch["kind"], "step"), False))
+            if steps.num_rows == 0:
+                continue
+            rows.extend(self._check_steps(steps))
+            latest_ns = max(latest_ns, pc.max(steps["end_ns"]).as_py() or 0)
+        if latest_ns:
+            self.gc.prune(latest_ns)
+            self.offcpu.prune(latest_ns)
+        if not rows:
+            return None
+        table = pa.table({c: [r[c] for r in rows] for c in ALERT_COLUMNS})
+        self.alerts_sent += len(rows)
+        self.fanout.on_batch("stall_alerts", table)
+        return table
+
+    def _check_steps(self, steps):
+        runs = self.fanout.refresh_runs()
+        out = []
+        for run_id, tid, stage, size, s, e in zip(
+                steps["run_id"].to_pylist(), steps["tid"].to_pylist(),
+                steps["stage"].to_pylist(), steps["batch"].to_pylist(),
+                steps["start_ns"].to_pylist(), steps["end_ns"].to_pylist()):
+            self.steps_seen += 1
+            dur = e - s
+            median, n = self.baselines.observe((run_id, stage, size), dur)
+            if median is None or n < self.min_samples or median <= 0 \
+                    or dur <= self.factor * median:
+                continue
+            args = (runs, run_id, tid, stage, size, s, e, dur, median)
+            alert = self._alert(*args)
+            if alert["cause"] == "unexplained" and self.hold_unexplained_s > 0:
+                self.pending.append((time.monotonic() + self.hold_unexplained_s, args))
+            else:
+                out.append(alert)
+        return out
+
+    def _release_pending(self, now):
+        """Alerts held for late events: those now explained, or out of time."""
+        out, keep = [], []
+        for deadline, args in self.pending:
+            alert = self._alert(*args)
+            if alert["cause"] != "unexplained" or now >= deadline:
+                out.append(alert)
+            else:
+                keep.append((deadline, args))
+        self.pending = keep
+        return out
+
+    def _alert(self, runs, run_id, tid, stage, size, s, e, dur, median):
+        gc_ns, gc_gen = 0, -1
+        inter, gens = self.gc.overlap(run_id, s, e)
+        if inter is not None and len(inter):
+            gc_ns, gc_gen = int(inter.sum()), int(gens.max())
+        off_ns = pre_ns = 0
+        sampled = False
+        inter, w = self.offcpu.overlap(tid, s, e)
+        if inter is not None and len(inter):
+            off_ns = int((inter * w[:, 0]).sum())
+            pre_ns = int((inter * w[:, 1]).sum())
+            sampled = bool(w[:, 2].any())
+        excess = dur - median
+        return {"run_id": run_id, "pid": runs.get(run_id) or 0, "tid": tid,
+                "stage": stage or "", "batch": size or 0, "start_ns": s, "end_ns": e,
+                "duration_ns": dur, "baseline_ns": int(median), "ratio": dur / median,
+                "gc_overlap_ns": gc_ns, "gc_generation": gc_gen, "offcpu_ns": off_ns,
+                "preempted_ns": pre_ns,
+                "cause": name_cause(excess, gc_ns, gc_gen, pre_ns, off_ns - pre_ns),
+                "offcpu_sampled": sampled}

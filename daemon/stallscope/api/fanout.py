@@ -1,0 +1,199 @@
+"""Fan-out of stored batches to live subscribers, with bounded queues.
+
+The store calls `Fanout.on_batch(table, pa.Table)` on the producer's thread
+(ingest's decode loop, a probe's reader) for every batch it queues. That
+call must never block or do real work: it only appends a reference to each
+interested subscriber's queue, or, when the queue already holds its bound
+of rows, counts the batch's rows (after that subscriber's filters) as
+dropped. Filtering and protobuf conversion happen on the subscriber's own
+thread (its gRPC stream), so a slow or stalled subscriber loses its own
+events, is told so in-stream, and costs ingest and the other subscribers
+nothing. It never copies a batch and never touches the database.
+"""
+
+import threading
+import time
+from collections import deque
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from stallscope.api.v1 import stallscope_pb2 as pb
+
+# Store table -> event kind. Tables not listed here are not streamed.
+TABLE_KINDS = {
+    "spans": pb.SPAN,
+    "gc_events": pb.GC_PASS,
+    "offcpu": pb.OFF_CPU,
+    "runq": pb.RUN_QUEUE,
+    "migrations": pb.MIGRATION,
+    "nvml_samples": pb.GPU_SAMPLE,
+    "stall_alerts": pb.STALL_ALERT,
+}
+ALL_KINDS = frozenset(TABLE_KINDS.values())
+# Interval events: min_duration_ns applies to them (point events pass).
+INTERVAL_KINDS = frozenset({pb.SPAN, pb.GC_PASS, pb.OFF_CPU, pb.RUN_QUEUE, pb.STALL_ALERT})
+# Events that carry a run_id (the others carry a pid).
+RUN_KINDS = frozenset({pb.SPAN, pb.GC_PASS, pb.STALL_ALERT})
+
+DEFAULT_QUEUE_EVENTS = 50_000
+MAX_QUEUE_EVENTS = 1_000_000
+
+
+class Filter:
+    """What one subscriber asked for."""
+
+    def __init__(self, kinds=(), span_kinds=(), run_ids=(), pids=(), min_duration_ns=0):
+        self.kinds = frozenset(kinds) or ALL_KINDS
+        self.span_kinds = list(span_kinds)
+        self.run_ids = set(run_ids)
+        self.pids = set(pids)
+        self.min_duration_ns = int(min_duration_ns or 0)
+
+    def apply(self, kind, batch, runs):
+        """The rows of `batch` this subscriber wants (`runs`: run_id -> pid)."""
+        mask = None
+
+        def both(m):
+            return m if mask is None else pc.and_(mask, m)
+
+        if kind == pb.SPAN and self.span_kinds:
+            mask = both(pc.is_in(batch["kind"], value_set=pa.array(self.span_kinds)))
+        if self.min_duration_ns and kind in INTERVAL_KINDS:
+            dur = pc.subtract(batch["end_ns"], batch["start_ns"])
+            mask = both(pc.greater_equal(dur, self.min_duration_ns))
+        if self.run_ids:
+            if kind in RUN_KINDS:
+                mask = both(pc.is_in(batch["run_id"].cast(pa.int64()),
+                                     value_set=pa.array(sorted(self.run_ids), pa.int64())))
+            elif kind != pb.GPU_SAMPLE:
+                pids = sorted({runs.get(r) for r in self.run_ids} - {None})
+                mask = both(pc.is_in(batch["pid"].cast(pa.int64()),
+                                     value_set=pa.array(pids, pa.int64())))
+        if self.pids:
+            if kind in RUN_KINDS:
+                run_ids = sorted(r for r, p in runs.items() if p in self.pids)
+                mask = both(pc.is_in(batch["run_id"].cast(pa.int64()),
+                                     value_set=pa.array(run_ids, pa.int64())))
+            elif kind != pb.GPU_SAMPLE:
+                mask = both(pc.is_in(batch["pid"].cast(pa.int64()),
+                                     value_set=pa.array(sorted(self.pids), pa.int64())))
+        if mask is None:
+            return batch
+        return batch.filter(pc.fill_null(mask, False))
+
+
+class Subscriber:
+    """One stream's bounded queue of (kind, pa.Table) references."""
+
+    def __init__(self, flt, max_queue_events=0, name=""):
+        self.filter = flt
+        self.name = name
+        cap = max_queue_events if max_queue_events and max_queue_events > 0 \
+            else DEFAULT_QUEUE_EVENTS
+        self.max_queue_events = min(cap, MAX_QUEUE_EVENTS)
+        self._queue = deque()
+        self._queued_rows = 0
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self.dropped_pending = 0   # lost since the last Dropped notice
+        self.dropped_total = 0
+        self.closed = False
+        self.seq = 0
+
+    def offer(self, kind, batch, runs):
+        """Producer side: queue or count as dropped. Never blocks on the consumer."""
+        n = batch.num_rows
+        with self._lock:
+            if self._queued_rows + n <= self.max_queue_events:
+                self._queue.append((kind, batch))
+                self._queued_rows += n
+                dropped = 0
+            else:
+                dropped = None
+        if dropped is None:
+            # The slow path, only when this subscriber is already behind:
+            # count what it would have received, not what others wanted.
+            try:
+                lost = self.filter.apply(kind, batch, runs).num_rows
+            except Exception:
+                lost = n
+            if not lost:
+                return
+            with self._lock:
+                self.dropped_pending += lost
+                self.dropped_total += lost
+        self._wake.set()
+
+    def take(self, timeout_s):
+        """Consumer side: (items, dropped since last time); waits up to timeout_s."""
+        self._wake.wait(timeout_s)
+        with self._lock:
+            self._wake.clear()
+            items = list(self._queue)
+            self._queue.clear()
+            self._queued_rows = 0
+            dropped, self.dropped_pending = self.dropped_pending, 0
+        return items, dropped
+
+    def close(self):
+        self.closed = True
+        self._wake.set()
+
+
+class Fanout:
+    """Every live subscriber, and the store listener that feeds them."""
+
+    def __init__(self, run_pids=None):
+        # run_pids(): {run_id: pid} from ingest (refreshed when a run is new).
+        self._run_pids = run_pids or (lambda: {})
+        self._subscribers = ()       # replaced, never mutated: producers iterate it
+        self._lock = threading.Lock()
+        self.runs = {}
+        self._runs_checked = 0.0
+        self.dropped_closed = 0      # drops of streams that have ended
+
+    # ----- producer side ----------------------------------------------------------
+    def on_batch(self, table, batch):
+        kind = TABLE_KINDS.get(table)
+        if kind is None:
+            return
+        for sub in self._subscribers:
+            if kind in sub.filter.kinds:
+                sub.offer(kind, batch, self.runs)
+
+    # ----- subscribers --------------------------------------------------------------
+    def subscribe(self, flt, max_queue_events=0, name=""):
+        sub = Subscriber(flt, max_queue_events, name)
+        self.refresh_runs(force=True)
+        with self._lock:
+            self._subscribers = self._subscribers + (sub,)
+        return sub
+
+    def unsubscribe(self, sub):
+        sub.close()
+        with self._lock:
+            self._subscribers = tuple(s for s in self._subscribers if s is not sub)
+            self.dropped_closed += sub.dropped_total
+
+    def close_all(self):
+        for sub in self._subscribers:
+            sub.close()
+
+    @property
+    def subscribers(self):
+        return self._subscribers
+
+    def dropped_total(self):
+        return self.dropped_closed + sum(s.dropped_total for s in self._subscribers)
+
+    def refresh_runs(self, force=False):
+        """Re-read run -> pid from ingest (at most every 50 ms unless forced)."""
+        now = time.monotonic()
+        if force or now - self._runs_checked > 0.05:
+            self._runs_checked = now
+            try:
+                self.runs = dict(self._run_pids())
+            except Exception:
+                pass
+        return self.runs

@@ -1,0 +1,390 @@
+"""The daemon's gRPC server: StreamEvents, Query, GetStatus, ListRuns.
+
+`start_api_server(daemon, api_socket, listen=None, tls_cert=None,
+tls_key=None, client_ca=None)` serves the Stallscope service plus standard
+health checking and reflection on a Unix socket (mode 0660, group
+stallscope when it exists) and, only with a certificate and key, on TCP with
+TLS (mutual TLS when a client CA is given). It subscribes one listener to
+the store; live events flow through `fanout` (bounded per-subscriber
+queues), stall alerts come from `alerts`, SQL runs in `sandbox`. It never
+writes to the database and never blocks a producer: the store listener only
+queues references. Plain-text TCP is refused, never silently served.
+"""
+
+import grp
+import logging
+import os
+import socket
+import threading
+import time
+from concurrent import futures
+
+import grpc
+import pyarrow as pa
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from stallscope.api import events
+from stallscope.api.v1 import stallscope_pb2 as pb
+from stallscope.api.v1 import stallscope_pb2_grpc as pb_grpc
+from stallscope.api.alerts import StallDetector
+from stallscope.api.fanout import Fanout, Filter
+from stallscope.service.sockets import prepare_path
+from stallscope.api.sandbox import NotSandboxed, QueryError, QueryRun
+
+log = logging.getLogger("stallscope.api")
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Stallscope"].full_name
+MAX_SUBSCRIBERS = 16
+MAX_CONCURRENT_QUERIES = 2
+# A stream sends what it has at least this often (s); an idle stream wakes
+# this often to notice a cancelled client.
+STREAM_WAKE_S = 0.25
+MAX_EVENTS_PER_MESSAGE = 4096
+
+
+class ApiConfigError(Exception):
+    """The API cannot start as configured; the message says how to fix it."""
+
+
+def check_api_options(api_socket=None, listen=None, tls_cert=None, tls_key=None,
+                      client_ca=None):
+    """Refuse what must not run (plain-text TCP, half a TLS setup, unreadable files)."""
+    if listen:
+        if not (tls_cert and tls_key):
+            raise ApiConfigError(
+                f"refusing to serve the API on TCP {listen} without TLS: give --tls-cert and "
+                "--tls-key (and --tls-client-ca for mutual TLS), or use --api-socket only")
+        if ":" not in listen:
+            raise ApiConfigError(f"--grpc-listen wants HOST:PORT, got {listen!r}")
+    elif tls_cert or tls_key or client_ca:
+        raise ApiConfigError("--tls-cert/--tls-key/--tls-client-ca need --grpc-listen HOST:PORT")
+    if bool(tls_cert) != bool(tls_key):
+        raise ApiConfigError("TLS needs both --tls-cert and --tls-key")
+    for what, path in (("certificate", tls_cert), ("key", tls_key), ("client CA", client_ca)):
+        if path and not os.access(path, os.R_OK):
+            raise ApiConfigError(f"cannot read the TLS {what} at {path}")
+
+
+def _read(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def _to_python(value):
+    which = value.WhichOneof("kind")
+    if which is None or which == "is_null":
+        return None
+    return getattr(value, which)
+
+
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+def _to_value(v):
+    if v is None:
+        return pb.Value(is_null=True)
+    if isinstance(v, bool):
+        return pb.Value(bool_value=v)
+    if isinstance(v, int):
+        if _INT64_MIN <= v <= _INT64_MAX:
+            return pb.Value(int_value=v)
+        if 0 <= v < (1 << 64):
+            return pb.Value(uint_value=v)
+        return pb.Value(string_value=str(v))
+    if isinstance(v, float):
+        return pb.Value(double_value=v)
+    if isinstance(v, str):
+        return pb.Value(string_value=v)
+    if isinstance(v, bytes):
+        return pb.Value(bytes_value=v)
+    return pb.Value(string_value=str(v))
+
+
+def _rows(batch):
+    cols = [c.to_pylist() for c in batch.columns]
+    return [pb.Row(values=[_to_value(v) for v in row]) for row in zip(*cols)]
+
+
+def _ipc(batch):
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema) as writer:
+        writer.write_batch(batch)
+    return sink.getvalue().to_pybytes()
+
+
+class StallscopeServicer(pb_grpc.StallscopeServicer):
+    """The rpcs; method names are the rpc names."""
+
+    def __init__(self, daemon, fanout, detector):
+        self.daemon = daemon
+        self.fanout = fanout
+        self.detector = detector
+        self._queries = threading.BoundedSemaphore(MAX_CONCURRENT_QUERIES)
+        self.started_ns = getattr(daemon, "started_ns", time.monotonic_ns())
+
+    # ----- StreamEvents -------------------------------------------------------------
+    def StreamEvents(self, request, context):
+        if len(self.fanout.subscribers) >= MAX_SUBSCRIBERS + 1:   # +1: the detector
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                          f"at most {MAX_SUBSCRIBERS} event streams at once")
+        flt = Filter(kinds=request.kinds, span_kinds=request.span_kinds,
+                     run_ids=request.run_ids, pids=request.pids,
+                     min_duration_ns=request.min_duration_ns)
+        sub = self.fanout.subscribe(flt, request.max_queue_events, name=context.peer())
+        context.add_callback(sub.close)
+        log.info("event stream opened by %s", context.peer())
+        needs_runs = bool(flt.pids or flt.run_ids)
+        try:
+            while not sub.closed and context.is_active():
+                items, dropped = sub.take(STREAM_WAKE_S)
+                if not items and not dropped:
+                    continue
+                out = []
+                if dropped:
+                    out.append(pb.Event(dropped=pb.Dropped(
+                        count=dropped, total=sub.dropped_total, reason="subscriber_queue_full")))
+                runs = self.fanout.refresh_runs() if (needs_runs or items) else {}
+                for kind, batch in items:
+                    chosen = flt.apply(kind, batch, runs)
+                    if chosen.num_rows:
+                        out.extend(events.to_events(kind, chosen, runs))
+                for i in range(0, len(out), MAX_EVENTS_PER_MESSAGE):
+                    part = out[i:i + MAX_EVENTS_PER_MESSAGE]
+                    for ev in part:
+                        if not ev.HasField("dropped"):
+                            ev.seq = sub.seq
+                            sub.seq += 1
+                    yield pb.EventBatch(events=part, sent_ns=time.monotonic_ns())
+        finally:
+            self.fanout.unsubscribe(sub)
+            log.info("event stream closed by %s (%d events sent, %d dropped)",
+                     context.peer(), sub.seq, sub.dropped_total)
+
+    # ----- Query ------------------------------------------------------------------------
+    def Query(self, request, context):
+        if not self._queries.acquire(timeout=5):
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                          f"{MAX_CONCURRENT_QUERIES} queries already running; try again")
+        try:
+            try:
+                run = QueryRun(self.daemon.store, request.sql,
+                               [_to_python(v) for v in request.params],
+                               max_rows=request.max_rows,
+                               timeout_s=request.timeout_ms / 1000.0,
+                               batch_rows=request.batch_rows).start()
+            except QueryError as exc:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            except NotSandboxed as exc:
+                log.error("%s", exc)
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+            # Timer and cursor must go when the client cancels mid-stream.
+            context.add_callback(run.close)
+            columns = [pb.Column(name=n, type=t) for n, t in run.columns]
+            first = True
+            arrow = request.format == pb.ARROW_IPC
+            try:
+                for batch in run.batches():
+                    msg = pb.QueryResponse()
+                    if first:
+                        msg.columns.extend(columns)
+                    if arrow:
+                        msg.arrow_ipc = _ipc(batch)
+                    else:
+                        msg.rows.extend(_rows(batch))
+                    first = False
+                    yield msg
+            except QueryError as exc:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            last = pb.QueryResponse(done=True, truncated=run.truncated, total_rows=run.rows,
+                                    elapsed_us=int(run.elapsed_s * 1e6))
+            if first:
+                last.columns.extend(columns)
+            yield last
+        finally:
+            self._queries.release()
+
+    # ----- GetStatus / ListRuns -----------------------------------------------------
+    def _sql(self, sql, params=None):
+        cur = self.daemon.store.cursor()
+        try:
+            return cur.execute(sql, params or []).fetchall()
+        finally:
+            cur.close()
+
+    def _runs(self, live_only=False):
+        rows = self._sql(
+            "SELECT run_id, pid, label, python, started_ns, connected_ns, ended_ns, "
+            "records, connections FROM runs "
+            + ("WHERE ended_ns IS NULL " if live_only else "") + "ORDER BY run_id DESC")
+        return [pb.RunSummary(run_id=r[0], pid=r[1] or 0, label=r[2] or "", python=r[3] or "",
+                              started_ns=r[4] or 0, connected_ns=r[5] or 0,
+                              ended_ns=r[6] or 0, live=r[6] is None, records=r[7] or 0,
+                              connections=r[8] or 0) for r in rows]
+
+    def GetStatus(self, request, context):
+        d = self.daemon
+        store = d.store
+        st = pb.Status(version=_version(), daemon_pid=os.getpid(),
+                       uptime_ns=time.monotonic_ns() - self.started_ns, db_path=store.path)
+        st.db_bytes = sum(os.path.getsize(p) for p in (store.path, store.path + ".wal")
+                          if os.path.exists(p))
+        active = {p.name: p for p in getattr(d, "probes", [])}
+        try:
+            rows = self._sql(
+                "SELECT probe, backend, state, detail FROM probe_status QUALIFY row_number() "
+                "OVER (PARTITION BY probe ORDER BY ts_ns DESC) = 1 ORDER BY probe")
+        except Exception:
+            rows = []
+        seen = set()
+        for probe, backend, state, detail in rows:
+            seen.add(probe)
+            ps = pb.ProbeState(probe=probe, backend=backend or "", state=state or "",
+                               detail=detail or "")
+            if probe in active:
+                ps.stats.update(_stats(active[probe]))
+            st.probes.append(ps)
+        for name, probe in active.items():   # not yet flushed to probe_status
+            if name not in seen:
+                ps = pb.ProbeState(probe=name, backend=probe.backend, state="active")
+                ps.stats.update(_stats(probe))
+                st.probes.append(ps)
+        try:
+            st.connected_runs.extend(self._runs(live_only=True))
+        except Exception as exc:
+            log.debug("runs unavailable: %s", exc)
+        ing = d.ingest.status()
+        st.records_received = ing.get("records_received", 0)
+        st.client_records_lost = ing.get("lost_records", 0)
+        st.rejections.update({k: int(v) for k, v in ing.get("rejections", {}).items()})
+        st.rows_written = store.rows_written
+        st.rows_lost = store.rows_lost
+        st.pending_rows = store.pending_rows
+        st.subscribers = max(0, len(self.fanout.subscribers) - 1)
+        st.stream_events_dropped = self.fanout.dropped_total() - self.detector.dropped
+        try:
+            st.losses_recorded = self._sql("SELECT coalesce(sum(count), 0) FROM losses")[0][0]
+        except Exception:
+            pass
+        return st
+
+    def ListRuns(self, request, context):
+        return pb.ListRunsResponse(runs=self._runs(live_only=request.live_only))
+
+
+def _stats(probe):
+    try:
+        return {str(k): str(v) for k, v in (probe.status() or {}).items()}
+    except Exception as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"}
+
+
+def _version():
+    try:
+        from importlib.metadata import version
+        return version("stallscope")
+    except Exception:
+        return "unknown"
+
+
+def _prepare_unix_socket(path):
+    if not prepare_path(path, socket.SOCK_STREAM):
+        raise ApiConfigError(f"another process serves the API on {path}")
+
+
+class ApiServer:
+    """The running server; `stop(grace)` ends streams and closes sockets."""
+
+    def __init__(self, server, fanout, detector, store, api_socket, tcp_port):
+        self.server = server
+        self.fanout = fanout
+        self.detector = detector
+        self.store = store
+        self.api_socket = api_socket
+        self.tcp_port = tcp_port
+
+    def live_subscribers(self):
+        """Open StreamEvents streams (the stall detector not counted): the daemon
+        may decode more often while someone watches (bench/results/api.md)."""
+        return max(0, len(self.fanout.subscribers) - 1)
+
+    def stop(self, grace=0.5):
+        self.store.remove_listener(self.fanout.on_batch)
+        self.detector.stop()
+        self.fanout.close_all()
+        self.server.stop(grace).wait(grace + 2)
+        if self.api_socket:
+            try:
+                os.unlink(self.api_socket)
+            except OSError:
+                pass
+
+
+def start_api_server(daemon, api_socket, listen=None, tls_cert=None, tls_key=None,
+                     client_ca=None):
+    """Serve the API for `daemon`; returns an ApiServer. Raises SystemExit when the
+    configuration is refused (plain-text TCP, unreadable TLS files, socket in use)."""
+    try:
+        check_api_options(api_socket, listen, tls_cert, tls_key, client_ca)
+        if not api_socket and not listen:
+            raise ApiConfigError("no API endpoint: give --api-socket PATH and/or "
+                                 "--grpc-listen HOST:PORT with TLS")
+        if api_socket:
+            _prepare_unix_socket(api_socket)
+    except ApiConfigError as exc:
+        raise SystemExit(f"error: {exc}") from None
+
+    def run_pids():
+        return {r.run_id: r.pid for r in list(daemon.ingest.runs.values())}
+
+    fanout = Fanout(run_pids)
+    detector = StallDetector(fanout).start()
+    servicer = StallscopeServicer(daemon, fanout, detector)
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=MAX_SUBSCRIBERS + MAX_CONCURRENT_QUERIES + 4,
+                                   thread_name_prefix="api"),
+        maximum_concurrent_rpcs=MAX_SUBSCRIBERS + MAX_CONCURRENT_QUERIES + 8,
+        options=[("grpc.max_send_message_length", 64 << 20),
+                 ("grpc.so_reuseport", 0)])
+    pb_grpc.add_StallscopeServicer_to_server(servicer, server)
+    health_servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection(
+        (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+
+    tcp_port = None
+    old = os.umask(0o117)     # the socket file is born 0660, never wider
+    try:
+        if api_socket:
+            server.add_insecure_port("unix:" + os.path.abspath(api_socket))
+        if listen:
+            creds = grpc.ssl_server_credentials(
+                [(_read(tls_key), _read(tls_cert))],
+                root_certificates=_read(client_ca) if client_ca else None,
+                require_client_auth=bool(client_ca))
+            tcp_port = server.add_secure_port(listen, creds)
+            if not tcp_port:
+                raise RuntimeError(f"could not listen on {listen}")
+        server.start()
+    except (RuntimeError, OSError) as exc:
+        detector.stop()
+        raise SystemExit(f"error: API: {exc}") from None
+    finally:
+        os.umask(old)
+    if api_socket:
+        os.chmod(api_socket, 0o660)
+        try:
+            os.chown(api_socket, -1, grp.getgrnam("stallscope").gr_gid)
+        except (KeyError, OSError):
+            pass
+    daemon.store.add_listener(fanout.on_batch)
+    health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+    health_servicer.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
+    where = []
+    if api_socket:
+        where.append(f"unix:{api_socket}")
+    if listen:
+        host = listen.rsplit(":", 1)[0]
+        where.append(f"tcp {host}:{tcp_port} (TLS{', client certificates required' if client_ca else ''})")
+    log.info("API serving on %s", " and ".join(where))
+    return ApiServer(server, fanout, detector, daemon.store, api_socket, tcp_port)

@@ -1,0 +1,215 @@
+"""The daemon process: wires ingest, probes, store and API together.
+
+One thread runs the probe socket (accept, read, decode every 100 ms); the
+store's writer thread commits batches every 200 ms; each kernel or GPU probe
+runs its own reader thread. SIGTERM or SIGINT stops accepting, reads what
+clients already sent, flushes and closes the database, and exits 0. A probe
+that cannot run here is reported with its reason and the daemon runs on.
+"""
+
+import ctypes
+import grp
+import logging
+import signal
+import threading
+import time
+
+from stallscope import probes as probe_registry
+from stallscope.service import reload as config_reload
+from stallscope.service.ingest import Ingest
+from stallscope.probes.base import ProbeSettings, Sink
+from stallscope.service.retention import Retention
+from stallscope.service.store import Store
+
+log = logging.getLogger("stallscope.daemon")
+
+DECODE_INTERVAL_S = 0.1
+# While someone watches the live stream, decode more often: the probe sends
+# every 20 ms, and at 100 ms the decode cadence alone set the stream's p99
+# (131-190 ms at 10k events/s; 48-81 ms at 20 ms, for ~20% more daemon CPU:
+# bench/results/api.md).
+LIVE_DECODE_INTERVAL_S = 0.02
+# Rows queued for the database beyond which ingest stops reading sockets for
+# a moment: clients then see full sockets and count drops, and the daemon's
+# memory stays bounded instead of growing with a backlog.
+MAX_PENDING_ROWS = 250_000
+
+
+def limit_allocator_caches():
+    """Keep freed memory from piling up in allocator caches (measured: peak RSS
+    under a 5 s, 800k records/s burst fell from 450 MB to ~360 MB)."""
+    try:
+        import pyarrow as pa
+        pa.set_memory_pool(pa.system_memory_pool())
+    except Exception:
+        pass
+    try:
+        ctypes.CDLL("libc.so.6").mallopt(-8, 2)  # M_ARENA_MAX = 2
+    except (OSError, AttributeError):
+        pass
+
+
+class StoreSink(Sink):
+    """What probes write into: the store, with losses as rows."""
+
+    def __init__(self, store):
+        self.store = store
+
+    def append(self, table, columns):
+        self.store.append(table, columns)
+
+    def loss(self, probe, start_ns, end_ns, count, reason):
+        self.store.sql("INSERT INTO losses (run_id, probe, start_ns, end_ns, count, reason) "
+                       "VALUES (NULL, ?, ?, ?, ?, ?)",
+                       [probe, int(start_ns), int(end_ns), int(count), str(reason)])
+
+
+class Daemon:
+    def __init__(self, socket_path, db_path, api_socket=None, listen_fd=None,
+                 pids=(), sched_backend=None, gpu_backend=None, settings=None,
+                 allowed_uids=None, flush_interval_s=0.2, notify=None, api_options=None,
+                 config_source=None, config=None, retention_limits=None):
+        self.settings = settings or ProbeSettings()
+        limit_allocator_caches()
+        self.store = Store(db_path, flush_interval_s=flush_interval_s)
+        self.sink = StoreSink(self.store)
+        self.probes = []
+        self.extra_pids = set(pids)
+        self._stop = threading.Event()
+        self.notify = notify
+        self.api = None
+        self.api_socket = api_socket
+        self.api_options = api_options or {}
+        self.started_ns = time.monotonic_ns()
+        self.config_source = config_source  # re-read on SIGHUP (daemon/reload.py)
+        self.config = config
+        self.tracked_pids = set()
+        self._reload = threading.Event()
+        try:
+            group = grp.getgrnam("stallscope").gr_gid
+        except KeyError:
+            group = None
+        self.ingest = Ingest(self.store, socket_path=socket_path, listen_fd=listen_fd,
+                             allowed_uids=allowed_uids, on_track=self._track,
+                             on_untrack=self._untrack, socket_group=group)
+        self.retention = (Retention(self.store, retention_limits,
+                                    on_runs_deleted=self.ingest.forget_runs)
+                          if retention_limits is not None else None)
+        self._start_probes(sched_backend, gpu_backend)
+
+    # ----- probes ----------------------------------------------------------------
+    def _status_row(self, probe, backend, state, detail):
+        self.store.sql("INSERT INTO probe_status VALUES (?, ?, ?, ?, ?)",
+                       [time.monotonic_ns(), probe, backend, state, detail])
+
+    def _start_probes(self, sched_backend, gpu_backend):
+        for name, prefer in (("sched", sched_backend), ("gpu", gpu_backend)):
+            if prefer == "none":
+                self._status_row(name, None, "unavailable", "disabled by configuration")
+                log.info("%s probe: disabled", name)
+                continue
+            cls, skipped = probe_registry.select_backend(name, self.settings, prefer)
+            for spec, reason in skipped:
+                log.info("%s probe: skipped %s: %s", name, spec.rsplit(":", 1)[-1], reason)
+            if cls is None:
+                reason = "; ".join(r for _, r in skipped) or "no backend"
+                self._status_row(name, None, "unavailable", reason)
+                log.warning("%s probe unavailable: %s", name, reason)
+                continue
+            try:
+                probe = cls(self.settings)
+                probe.start(self.sink)
+            except Exception as exc:
+                self._status_row(name, cls.backend, "failed", f"{type(exc).__name__}: {exc}")
+                log.error("%s probe (%s) failed to start: %s", name, cls.backend, exc)
+                continue
+            self.probes.append(probe)
+            self._status_row(name, cls.backend, "active", "; ".join(r for _, r in skipped))
+            log.info("%s probe: using %s", name, cls.backend)
+        for pid in self.extra_pids:
+            self._track(pid)
+
+    def _track(self, pid):
+        self.tracked_pids.add(pid)
+        for probe in self.probes:
+            try:
+                probe.track(pid)
+            except Exception as exc:
+                log.warning("%s probe could not follow pid %d: %s", probe.name, pid, exc)
+
+    def _untrack(self, pid):
+        if pid in self.extra_pids:
+            return
+        self.tracked_pids.discard(pid)
+        for probe in self.probes:
+            try:
+                probe.untrack(pid)
+            except Exception as exc:
+                log.warning("%s probe could not stop following pid %d: %s",
+                            probe.name, pid, exc)
+
+    def active_probes(self):
+        return [f"{p.name}={p.backend}" for p in self.probes]
+
+    # ----- main loop -------------------------------------------------------------
+    def stop(self, *_):
+        self._stop.set()
+
+    def run(self):
+        self.store.start()
+        if self.retention is not None:
+            self.retention.start()
+        if self.api_socket or self.api_options.get("listen"):
+            from stallscope.api.server import start_api_server
+            try:
+                self.api = start_api_server(self, self.api_socket, **self.api_options)
+            except BaseException:
+                # e.g. another daemon serves that socket: close what is open
+                # (probe socket, probes, database) before saying why.
+                self.shutdown()
+                raise
+        signal.signal(signal.SIGTERM, self.stop)
+        signal.signal(signal.SIGINT, self.stop)
+        signal.signal(signal.SIGHUP, lambda *_: self._reload.set())
+        log.info("listening on %s, database %s, probes: %s",
+                 self.ingest.socket_path or "inherited socket", self.store.path,
+                 ", ".join(self.active_probes()) or "none")
+        if self.notify:
+            self.notify.ready(self)
+        next_decode = time.monotonic() + DECODE_INTERVAL_S
+        while not self._stop.is_set():
+            if self.store.pending_rows > MAX_PENDING_ROWS:
+                self._stop.wait(0.01)
+                continue
+            self.ingest.poll(max(0.0, min(0.05, next_decode - time.monotonic())))
+            now = time.monotonic()
+            if now >= next_decode:
+                self.ingest.decode_pending()
+                live = self.api is not None and self.api.live_subscribers() > 0
+                next_decode = now + (LIVE_DECODE_INTERVAL_S if live else DECODE_INTERVAL_S)
+                if self._reload.is_set():
+                    self._reload.clear()
+                    config_reload.apply(self)
+                if self.notify:
+                    self.notify.tick(self)
+        self.shutdown()
+        return 0
+
+    def shutdown(self):
+        if self.notify:
+            self.notify.stopping()
+        t0 = time.monotonic()
+        if self.api is not None:
+            self.api.stop(grace=0.5)
+        self.ingest.close()
+        if self.retention is not None:
+            self.retention.stop()
+        for probe in self.probes:
+            try:
+                probe.stop()
+            except Exception as exc:
+                log.warning("%s probe did not stop cleanly: %s", probe.name, exc)
+        self.store.close()
+        log.info("stopped in %.0f ms; %d records received, %d known lost, %d rejected",
+                 (time.monotonic() - t0) * 1000, self.ingest.records_received,
+                 self.ingest.lost_records, sum(self.ingest.rejections.values()))
