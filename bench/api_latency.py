@@ -32,8 +32,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from stallscope.api.v1 import stallscope_pb2 as pb  # noqa: E402
-from stallscope.api.client import Client  # noqa: E402
+from stallscope.api.client import Client
+from stallscope.api.v1 import stallscope_pb2 as pb
 
 DAEMON = """
 import sys
@@ -47,6 +47,7 @@ sys.exit(main(sys.argv[2:]))
 
 def emitter(socket_path, rate, seconds, go, out):
     import probe_client
+
     probe = probe_client.connect(socket_path=socket_path, run_label="latency", gc=False)
     go.wait()
     per_ms = rate / 1000.0
@@ -71,9 +72,26 @@ def start_daemon(tmp, decode_ms):
     sock, api, db = (str(Path(tmp) / n) for n in ("probe.sock", "api.sock", "bench.duckdb"))
     log = open(Path(tmp) / "daemon.log", "w")
     proc = subprocess.Popen(
-        [sys.executable, "-c", DAEMON, str(decode_ms), "daemon", "--socket", sock, "--db", db,
-         "--api-socket", api, "--sched-backend", "none", "--gpu-backend", "none"],
-        stdout=log, stderr=log)
+        [
+            sys.executable,
+            "-c",
+            DAEMON,
+            str(decode_ms),
+            "daemon",
+            "--socket",
+            sock,
+            "--db",
+            db,
+            "--api-socket",
+            api,
+            "--sched-backend",
+            "none",
+            "--gpu-backend",
+            "none",
+        ],
+        stdout=log,
+        stderr=log,
+    )
     deadline = time.monotonic() + 30
     while not (os.path.exists(api) and os.path.exists(sock)):
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -115,10 +133,11 @@ def latency_run(rate, seconds, decode_ms, subscribe=True):
                         transport.append(now - batch.sent_ns)
             except Exception:
                 pass
+
         if subscribe:
             threading.Thread(target=read, daemon=True).start()
         time.sleep(0.5)
-        ctx = mp.get_context("spawn")   # no fork after gRPC has started threads
+        ctx = mp.get_context("spawn")  # no fork after gRPC has started threads
         go, out = ctx.Event(), ctx.Queue()
         p = ctx.Process(target=emitter, args=(sock, rate, seconds, go, out))
         p.start()
@@ -130,18 +149,26 @@ def latency_run(rate, seconds, decode_ms, subscribe=True):
         p.join()
         cpu_pct = 100 * (cpu_seconds(proc.pid) - cpu0) / ((time.monotonic_ns() - t_start) / 1e9)
         deadline = time.monotonic() + 10
-        while subscribe and received[0] + dropped[0] < stats["sent_records"] \
-                and time.monotonic() < deadline:
+        while (
+            subscribe
+            and received[0] + dropped[0] < stats["sent_records"]
+            and time.monotonic() < deadline
+        ):
             time.sleep(0.05)
         stream.cancel()
         # discard the first second (connection warm-up)
         skip = min(len(total), int(rate))
         res = {
-            "decode_ms": decode_ms, "rate": rate, "sent": sent, "subscribed": subscribe,
+            "decode_ms": decode_ms,
+            "rate": rate,
+            "sent": sent,
+            "subscribed": subscribe,
             "daemon_cpu_pct": cpu_pct,
-            "client_drops": stats["drops_full"], "received": received[0],
+            "client_drops": stats["drops_full"],
+            "received": received[0],
             "stream_dropped": dropped[0],
-            "p50_ms": pct(total[skip:], 50) / 1e6, "p99_ms": pct(total[skip:], 99) / 1e6,
+            "p50_ms": pct(total[skip:], 50) / 1e6,
+            "p99_ms": pct(total[skip:], 99) / 1e6,
             "max_ms": max(total[skip:]) / 1e6 if total[skip:] else float("nan"),
             "daemon_p50_ms": pct(daemon_side[skip:], 50) / 1e6,
             "daemon_p99_ms": pct(daemon_side[skip:], 99) / 1e6,
@@ -156,8 +183,10 @@ def latency_run(rate, seconds, decode_ms, subscribe=True):
         return res, qres
 
 
-SYNTH = ("SELECT range AS i, range * 2.5 AS x, 'stage-' || (range % 7) AS s, "
-         "range % 3 = 0 AS b FROM range(2000000)")
+SYNTH = (
+    "SELECT range AS i, range * 2.5 AS x, 'stage-' || (range % 7) AS s, "
+    "range % 3 = 0 AS b FROM range(2000000)"
+)
 
 
 def timed(fn, repeat=3):
@@ -172,15 +201,18 @@ def timed(fn, repeat=3):
 def query_runs(client):
     out = []
     for name, sql in (("stored spans", "SELECT * FROM spans"), ("synthetic 2M x 4", SYNTH)):
+
         def arrow():
             return client.query_arrow(sql, limit=10_000_000, timeout_ms=120_000)[0].num_rows
 
         def rows():
             n = 0
-            for msg in client.stub.Query(pb.QueryRequest(sql=sql, max_rows=10_000_000,
-                                                               timeout_ms=120_000)):
+            for msg in client.stub.Query(
+                pb.QueryRequest(sql=sql, max_rows=10_000_000, timeout_ms=120_000)
+            ):
                 n += len(msg.rows)
             return n
+
         n, t_arrow = timed(arrow)
         if name == "stored spans" or n <= 2_000_000:
             n2, t_rows = timed(rows, repeat=1)
@@ -189,9 +221,15 @@ def query_runs(client):
             t_ref = None
         else:
             _, t_ref = timed(lambda: ref.sql(sql).to_arrow_table().num_rows)
-        out.append({"result": name, "rows": n, "arrow_rows_s": n / t_arrow,
-                    "rows_rows_s": n2 / t_rows,
-                    "inprocess_rows_s": (n / t_ref) if t_ref else None})
+        out.append(
+            {
+                "result": name,
+                "rows": n,
+                "arrow_rows_s": n / t_arrow,
+                "rows_rows_s": n2 / t_rows,
+                "inprocess_rows_s": (n / t_ref) if t_ref else None,
+            }
+        )
     return out
 
 
@@ -199,9 +237,14 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rate", type=float, default=10_000, help="spans per second")
     ap.add_argument("--seconds", type=float, default=10.0)
-    ap.add_argument("--decode-ms", type=int, action="append", default=None,
-                    help="daemon decode interval(s) to compare; 0 = as shipped (100 ms, "
-                         "20 ms while a subscriber is connected). Default: 0 and 100")
+    ap.add_argument(
+        "--decode-ms",
+        type=int,
+        action="append",
+        default=None,
+        help="daemon decode interval(s) to compare; 0 = as shipped (100 ms, "
+        "20 ms while a subscriber is connected). Default: 0 and 100",
+    )
     args = ap.parse_args()
     results, qres = [], None
     # First the daemon's CPU with no subscriber, as the reference for what one costs.
@@ -210,25 +253,35 @@ def main():
         res, q = latency_run(args.rate, args.seconds, decode_ms)
         results.append(res)
         qres = qres or q
-    print(f"latency, {args.rate:.0f} spans/s for {args.seconds:.0f} s "
-          "(marker end_ns -> subscriber arrival; first second dropped)")
-    print(f"{'decode':>8}{'subs':>5}{'cpu%':>6}{'sent':>8}{'recv':>8}{'lost':>6}{'p50 ms':>9}"
-          f"{'p99 ms':>9}{'max ms':>9}{'dmn p50':>9}{'dmn p99':>9}{'net p50':>9}{'net p99':>9}")
+    print(
+        f"latency, {args.rate:.0f} spans/s for {args.seconds:.0f} s "
+        "(marker end_ns -> subscriber arrival; first second dropped)"
+    )
+    print(
+        f"{'decode':>8}{'subs':>5}{'cpu%':>6}{'sent':>8}{'recv':>8}{'lost':>6}{'p50 ms':>9}"
+        f"{'p99 ms':>9}{'max ms':>9}{'dmn p50':>9}{'dmn p99':>9}{'net p50':>9}{'net p99':>9}"
+    )
     for r in results:
-        print(f"{r['decode_ms']:>6}ms{int(r['subscribed']):>5}{r['daemon_cpu_pct']:>6.0f}"
-              f"{r['sent']:>8}{r['received']:>8}"
-              f"{r['client_drops'] + r['stream_dropped']:>6}{r['p50_ms']:>9.1f}"
-              f"{r['p99_ms']:>9.1f}{r['max_ms']:>9.1f}{r['daemon_p50_ms']:>9.1f}"
-              f"{r['daemon_p99_ms']:>9.1f}{r['transport_p50_ms']:>9.2f}"
-              f"{r['transport_p99_ms']:>9.2f}")
+        print(
+            f"{r['decode_ms']:>6}ms{int(r['subscribed']):>5}{r['daemon_cpu_pct']:>6.0f}"
+            f"{r['sent']:>8}{r['received']:>8}"
+            f"{r['client_drops'] + r['stream_dropped']:>6}{r['p50_ms']:>9.1f}"
+            f"{r['p99_ms']:>9.1f}{r['max_ms']:>9.1f}{r['daemon_p50_ms']:>9.1f}"
+            f"{r['daemon_p99_ms']:>9.1f}{r['transport_p50_ms']:>9.2f}"
+            f"{r['transport_p99_ms']:>9.2f}"
+        )
     if qres:
         print("\nQuery throughput (median of 3; protobuf ROWS once)")
-        print(f"{'result':<20}{'rows':>10}{'ARROW_IPC rows/s':>18}{'ROWS rows/s':>14}"
-              f"{'in-process DuckDB rows/s':>26}")
+        print(
+            f"{'result':<20}{'rows':>10}{'ARROW_IPC rows/s':>18}{'ROWS rows/s':>14}"
+            f"{'in-process DuckDB rows/s':>26}"
+        )
         for q in qres:
             ref = f"{q['inprocess_rows_s']:,.0f}" if q["inprocess_rows_s"] else "-"
-            print(f"{q['result']:<20}{q['rows']:>10}{q['arrow_rows_s']:>18,.0f}"
-                  f"{q['rows_rows_s']:>14,.0f}{ref:>26}")
+            print(
+                f"{q['result']:<20}{q['rows']:>10}{q['arrow_rows_s']:>18,.0f}"
+                f"{q['rows_rows_s']:>14,.0f}{ref:>26}"
+            )
 
 
 if __name__ == "__main__":

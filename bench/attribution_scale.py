@@ -43,7 +43,7 @@ def make_tables(scale, seed=1):
     per_run = n_steps // RUNS
     run_id = np.repeat(np.arange(1, RUNS + 1), per_run)
     n_steps = len(run_id)
-    tid = 1000 + run_id * 10                      # one engine thread per run
+    tid = 1000 + run_id * 10  # one engine thread per run
     dur = rng.normal(STEP_NS, STEP_NS * 0.03, n_steps).astype(np.int64)
     slow = rng.random(n_steps) < 0.02
     dur[slow] += rng.integers(1_000_000, 100_000_000, slow.sum())
@@ -59,53 +59,106 @@ def make_tables(scale, seed=1):
     batch = rng.integers(1, 9, n_steps).astype(np.int32)
     sub_start = start + 200_000
     sub_end = sub_start + rng.integers(500_000, 1_500_000, n_steps)
-    spans = pa.table({
-        "run_id": np.concatenate([run_id, run_id]),
-        "tid": np.concatenate([tid, tid]),
-        "kind": pa.array(np.concatenate([np.full(n_steps, "step"), np.full(n_steps, "submit")])),
-        "stage": pa.array(np.concatenate([stage, stage])),
-        "batch": np.concatenate([batch, batch]),
-        "start_ns": np.concatenate([start, sub_start]),
-        "end_ns": np.concatenate([end, sub_end]),
-        "depth": np.concatenate([np.zeros(n_steps, np.int16), np.ones(n_steps, np.int16)]),
-        "seq": np.arange(2 * n_steps, dtype=np.int64),
-    })
-    runs = pa.table({"run_id": np.arange(1, RUNS + 1), "pid": (np.arange(1, RUNS + 1) * 10 + 1000).astype(np.int32),
-                     "label": [f"run_{i:02d}" for i in range(1, RUNS + 1)]})
+    spans = pa.table(
+        {
+            "run_id": np.concatenate([run_id, run_id]),
+            "tid": np.concatenate([tid, tid]),
+            "kind": pa.array(
+                np.concatenate([np.full(n_steps, "step"), np.full(n_steps, "submit")])
+            ),
+            "stage": pa.array(np.concatenate([stage, stage])),
+            "batch": np.concatenate([batch, batch]),
+            "start_ns": np.concatenate([start, sub_start]),
+            "end_ns": np.concatenate([end, sub_end]),
+            "depth": np.concatenate([np.zeros(n_steps, np.int16), np.ones(n_steps, np.int16)]),
+            "seq": np.arange(2 * n_steps, dtype=np.int64),
+        }
+    )
+    runs = pa.table(
+        {
+            "run_id": np.arange(1, RUNS + 1),
+            "pid": (np.arange(1, RUNS + 1) * 10 + 1000).astype(np.int32),
+            "label": [f"run_{i:02d}" for i in range(1, RUNS + 1)],
+        }
+    )
     # off-CPU: 70% on the step thread, inside random steps; the rest elsewhere
     k = rng.integers(0, n_steps, n_off)
     on_step = rng.random(n_off) < 0.7
     o_start = start[k] + (rng.random(n_off) * dur[k] * 0.9).astype(np.int64)
     o_len = rng.integers(2_000, 200_000, n_off)
     o_tid = np.where(on_step, tid[k], tid[k] + 1 + rng.integers(0, 4, n_off))
-    offcpu = pa.table({"pid": (run_id[k] * 10 + 1000).astype(np.int32), "tid": o_tid.astype(np.int32),
-                       "start_ns": o_start, "end_ns": o_start + o_len,
-                       "preempted": rng.random(n_off) < 0.3, "cpu": rng.integers(0, 2, n_off).astype(np.int16)})
+    offcpu = pa.table(
+        {
+            "pid": (run_id[k] * 10 + 1000).astype(np.int32),
+            "tid": o_tid.astype(np.int32),
+            "start_ns": o_start,
+            "end_ns": o_start + o_len,
+            "preempted": rng.random(n_off) < 0.3,
+            "cpu": rng.integers(0, 2, n_off).astype(np.int16),
+        }
+    )
     order = np.lexsort((o_start, o_tid))
     offcpu = offcpu.take(order)
     n_q = n_off // 2
-    runq = pa.table({"pid": offcpu["pid"][:n_q], "tid": offcpu["tid"][:n_q],
-                     "start_ns": offcpu["start_ns"][:n_q], "end_ns": pa.array(offcpu["start_ns"][:n_q].to_numpy() + 5_000),
-                     "cpu": offcpu["cpu"][:n_q]})
+    runq = pa.table(
+        {
+            "pid": offcpu["pid"][:n_q],
+            "tid": offcpu["tid"][:n_q],
+            "start_ns": offcpu["start_ns"][:n_q],
+            "end_ns": pa.array(offcpu["start_ns"][:n_q].to_numpy() + 5_000),
+            "cpu": offcpu["cpu"][:n_q],
+        }
+    )
     n_m = n_off // 20
-    migrations = pa.table({"pid": offcpu["pid"][:n_m], "tid": offcpu["tid"][:n_m], "ts_ns": offcpu["start_ns"][:n_m],
-                           "from_cpu": np.zeros(n_m, np.int16), "to_cpu": np.ones(n_m, np.int16)})
+    migrations = pa.table(
+        {
+            "pid": offcpu["pid"][:n_m],
+            "tid": offcpu["tid"][:n_m],
+            "ts_ns": offcpu["start_ns"][:n_m],
+            "from_cpu": np.zeros(n_m, np.int16),
+            "to_cpu": np.ones(n_m, np.int16),
+        }
+    )
     kg = np.sort(rng.integers(0, n_steps, n_gc))
     g_start = start[kg] + (rng.random(n_gc) * dur[kg]).astype(np.int64)
     gen = rng.choice([0, 1, 2], n_gc, p=[0.9, 0.09, 0.01]).astype(np.int8)
     g_len = np.where(gen == 2, 90_000_000, rng.integers(20_000, 2_000_000, n_gc))
-    gc_events = pa.table({"run_id": run_id[kg], "tid": tid[kg], "generation": gen,
-                          "start_ns": g_start, "end_ns": g_start + g_len,
-                          "collected": rng.integers(0, 1000, n_gc), "uncollectable": np.zeros(n_gc, np.int64)})
+    gc_events = pa.table(
+        {
+            "run_id": run_id[kg],
+            "tid": tid[kg],
+            "generation": gen,
+            "start_ns": g_start,
+            "end_ns": g_start + g_len,
+            "collected": rng.integers(0, 1000, n_gc),
+            "uncollectable": np.zeros(n_gc, np.int64),
+        }
+    )
     # NVML samples of one GPU at 10 Hz over every run; 1% of them a thermal clock drop
-    ts = np.concatenate([np.arange(start[r * per_run], end[(r + 1) * per_run - 1], 100_000_000)
-                         for r in range(RUNS)])
+    ts = np.concatenate(
+        [
+            np.arange(start[r * per_run], end[(r + 1) * per_run - 1], 100_000_000)
+            for r in range(RUNS)
+        ]
+    )
     drop = rng.random(len(ts)) < 0.01
-    nvml = pa.table({"gpu": np.zeros(len(ts), np.int32), "ts_ns": ts,
-                     "sm_clock_mhz": np.where(drop, 1500, 1980).astype(np.int32),
-                     "clock_event_reasons": pa.array(np.where(drop, 0x20, 0).astype(np.uint64))})
-    return {"spans": spans, "runs": runs, "offcpu": offcpu, "runq": runq,
-            "migrations": migrations, "gc_events": gc_events, "nvml_samples": nvml}
+    nvml = pa.table(
+        {
+            "gpu": np.zeros(len(ts), np.int32),
+            "ts_ns": ts,
+            "sm_clock_mhz": np.where(drop, 1500, 1980).astype(np.int32),
+            "clock_event_reasons": pa.array(np.where(drop, 0x20, 0).astype(np.uint64)),
+        }
+    )
+    return {
+        "spans": spans,
+        "runs": runs,
+        "offcpu": offcpu,
+        "runq": runq,
+        "migrations": migrations,
+        "gc_events": gc_events,
+        "nvml_samples": nvml,
+    }
 
 
 QUERY = """SELECT count(*), count(cause), sum(gc_ns), sum(preempted_ns), sum(blocked_ns),
@@ -139,10 +192,14 @@ def main():
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--versus", default=None, help="another queries/ directory to time alongside")
     args = ap.parse_args()
-    print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, duckdb {duckdb.__version__}, "
-          f"load average at start {os.getloadavg()[0]:.1f}")
+    print(
+        f"machine: {platform.machine()}, {os.cpu_count()} CPUs, duckdb {duckdb.__version__}, "
+        f"load average at start {os.getloadavg()[0]:.1f}"
+    )
     variants = [("this", None)] + ([("versus", args.versus)] if args.versus else [])
-    print("| views | scale | steps | offcpu | gc | median wall s | median CPU s | wall runs (s) | slow steps |")
+    print(
+        "| views | scale | steps | offcpu | gc | median wall s | median CPU s | wall runs (s) | slow steps |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for scale in [float(s) for s in args.scales.split(",")]:
         tables = make_tables(scale)
@@ -155,7 +212,7 @@ def main():
         results = {v: [] for v, _ in variants}
         rows = {}
         for _ in range(args.repeat):
-            for v, d in variants:     # interleaved, so both see the same machine load
+            for v, d in variants:  # interleaved, so both see the same machine load
                 load_views(con, d)
                 wall, cpu, row = timed(con)
                 results[v].append((wall, cpu))
@@ -165,10 +222,13 @@ def main():
         for v, _ in variants:
             walls = [w for w, _ in results[v]]
             cpus = [c for _, c in results[v]]
-            print(f"| {v} | {scale} | {tables['spans'].num_rows // 2:,} | {tables['offcpu'].num_rows:,} | "
-                  f"{tables['gc_events'].num_rows:,} | {statistics.median(walls):.2f} | "
-                  f"{statistics.median(cpus):.2f} | {', '.join(f'{x:.2f}' for x in walls)} | "
-                  f"{rows[v][1]:,} |", flush=True)
+            print(
+                f"| {v} | {scale} | {tables['spans'].num_rows // 2:,} | {tables['offcpu'].num_rows:,} | "
+                f"{tables['gc_events'].num_rows:,} | {statistics.median(walls):.2f} | "
+                f"{statistics.median(cpus):.2f} | {', '.join(f'{x:.2f}' for x in walls)} | "
+                f"{rows[v][1]:,} |",
+                flush=True,
+            )
         con.close()
 
 

@@ -66,16 +66,18 @@ def main():
     ctype = ctypes.c_uint(1)
 
     def buffers():
-        for g in pb.gpus:      # pretend 1 s passed: 50 new samples per type
+        for g in pb.gpus:  # pretend 1 s passed: 50 new samples per type
             for k in g.last_seen_us:
                 g.last_seen_us[k] -= 1_000_000
         pb.read_buffers()
         pb._pending_buffer.clear()
 
-    arms = {"fake_call": lambda: raw(h, ctype, ctypes.byref(out)),
-            "binding_call": lambda: pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM),
-            "poll_1gpu": p1.poll,
-            "buffers_1gpu": buffers}
+    arms = {
+        "fake_call": lambda: raw(h, ctype, ctypes.byref(out)),
+        "binding_call": lambda: pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM),
+        "poll_1gpu": p1.poll,
+        "buffers_1gpu": buffers,
+    }
     n = {"fake_call": 20000, "binding_call": 20000, "poll_1gpu": 2000, "buffers_1gpu": 100}
     res = {k: [] for k in list(arms) + ["poll_8gpu_per_gpu"]}
     for _ in range(args.rounds):
@@ -91,8 +93,10 @@ def main():
     print(f"rounds {args.rounds}; median per call, microseconds (CPU side, fake driver):")
     for k, v in res.items():
         print(f"  {k:20s} {statistics.median(v):9.2f}   (min {min(v):.2f}, max {max(v):.2f})")
-    print(f"  => NVML calls/s one thread can issue through the bindings: "
-          f"{1e6 / statistics.median(res['binding_call']):,.0f}")
+    print(
+        f"  => NVML calls/s one thread can issue through the bindings: "
+        f"{1e6 / statistics.median(res['binding_call']):,.0f}"
+    )
     print(f"  => polls/s of one GPU: {1e6 / statistics.median(res['poll_1gpu']):,.0f}")
 
     fake_nvml.install(fake8)
@@ -104,9 +108,11 @@ def main():
     time.sleep(args.seconds)
     c1, w1, polls1 = time.clock_gettime(clk), time.monotonic(), probe.counters["polls"]
     probe.stop()
-    print(f"poller thread, 8 GPUs at 10 Hz with buffers, {args.seconds:g} s: "
-          f"{(c1 - c0) / (w1 - w0) * 100:.2f}% of one CPU, "
-          f"{(polls1 - polls0) / (w1 - w0):.2f} polls/s, late ticks {probe.counters['late_ticks']}")
+    print(
+        f"poller thread, 8 GPUs at 10 Hz with buffers, {args.seconds:g} s: "
+        f"{(c1 - c0) / (w1 - w0) * 100:.2f}% of one CPU, "
+        f"{(polls1 - polls0) / (w1 - w0):.2f} polls/s, late ticks {probe.counters['late_ticks']}"
+    )
 
 
 if __name__ == "__main__":

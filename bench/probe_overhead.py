@@ -26,8 +26,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-import probe_client  # noqa: E402
-from daemonproc import DaemonProcess  # noqa: E402
+import probe_client
+from daemonproc import DaemonProcess
 
 
 class Ticket:
@@ -78,8 +78,15 @@ def seed_hook(engine):
     def schedule():
         t0 = time.perf_counter_ns()
         b = orig_schedule()
-        rows.append({"kind": "schedule", "t0": t0, "t1": time.perf_counter_ns(),
-                     "phase": b.phase, "batch": len(b.requests)})
+        rows.append(
+            {
+                "kind": "schedule",
+                "t0": t0,
+                "t1": time.perf_counter_ns(),
+                "phase": b.phase,
+                "batch": len(b.requests),
+            }
+        )
         return b
 
     def submit(batch):
@@ -94,8 +101,10 @@ def seed_hook(engine):
             v = collect()
             row["collect"] = time.perf_counter_ns() - c0
             return v
+
         ticket.collect = timed_collect
         return ticket
+
     engine._step, engine._schedule, engine.executor.submit = step, schedule, submit
     return rows
 
@@ -128,8 +137,12 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=5000)
     ap.add_argument("--rounds", type=int, default=15)
-    ap.add_argument("--period-us", type=float, default=100.0,
-                    help="one step every this many us (0: back to back)")
+    ap.add_argument(
+        "--period-us",
+        type=float,
+        default=100.0,
+        help="one step every this many us (0: back to back)",
+    )
     a = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="stallscope-bench-"))
     daemon = DaemonProcess(tmp).start()
@@ -144,11 +157,13 @@ def main():
     class OfflineExecutor:
         def submit(self, batch):
             return OfflineTicket(len(batch.requests))
+
     arms["offline"].executor = OfflineExecutor()
     for p, e, ticket in ((probe, arms["probe"], Ticket), (offline, arms["offline"], OfflineTicket)):
         p.attach(e, "_step", kind="step")
-        p.attach(e, "_schedule", kind="schedule", stage="result.phase",
-                 batch="len(result.requests)")
+        p.attach(
+            e, "_schedule", kind="schedule", stage="result.phase", batch="len(result.requests)"
+        )
         p.attach(e, "executor.submit", kind="submit")
         p.attach(ticket, "collect", kind="collect")
     # The class-level collect wrapper times every Ticket; the other arms get
@@ -160,6 +175,7 @@ def main():
     class PlainExecutor:
         def submit(self, batch):
             return PlainTicket(len(batch.requests))
+
     arms["none"].executor = PlainExecutor()
     arms["seed"].executor = PlainExecutor()
     seed_rows = seed_hook(arms["seed"])
@@ -178,17 +194,23 @@ def main():
     daemon.stop()
     stored = daemon.scalar("SELECT count(*) FROM spans")
     med = {k: statistics.median(v) for k, v in results.items()}
-    print(f"steps per round {a.steps}, rounds {a.rounds}, one step every {a.period_us:g} us, "
-          f"python {sys.version.split()[0]}, cpus {os.cpu_count()}")
+    print(
+        f"steps per round {a.steps}, rounds {a.rounds}, one step every {a.period_us:g} us, "
+        f"python {sys.version.split()[0]}, cpus {os.cpu_count()}"
+    )
     steps_total = a.steps * a.rounds
     for name in arms:
         per_10k = [round(c * 10000 / steps_total, 1) for c in collections[name]]
-        print(f"  {name:7s} median {med[name] / 1000:7.3f} us/step   added "
-              f"{(med[name] - med['none']) / 1000:7.3f} us/step   GC passes per 10k steps "
-              f"(gen0, gen1, gen2): {per_10k}")
+        print(
+            f"  {name:7s} median {med[name] / 1000:7.3f} us/step   added "
+            f"{(med[name] - med['none']) / 1000:7.3f} us/step   GC passes per 10k steps "
+            f"(gen0, gen1, gen2): {per_10k}"
+        )
     st = probe.stats()
-    print(f"  probe: {st['sent_records']} records sent, {st['drops_full']} dropped (socket "
-          f"full), {stored} stored by the daemon")
+    print(
+        f"  probe: {st['sent_records']} records sent, {st['drops_full']} dropped (socket "
+        f"full), {stored} stored by the daemon"
+    )
     return 0
 
 

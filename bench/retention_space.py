@@ -23,11 +23,19 @@ from stallscope.service.store import Store
 def fill_run(store, run_id, n):
     rng = np.random.default_rng(run_id)
     ts = run_id * 10**12 + np.arange(n, dtype=np.int64) * 1000
-    store.append("spans", {"run_id": np.full(n, run_id, dtype=np.int64),
-                           "tid": rng.integers(1, 1 << 20, n), "kind": ["step"] * n,
-                           "stage": ["recurrent"] * n, "batch": rng.integers(1, 96, n),
-                           "start_ns": ts, "end_ns": ts + rng.integers(10**5, 10**7, n),
-                           "seq": np.arange(n, dtype=np.int64)})
+    store.append(
+        "spans",
+        {
+            "run_id": np.full(n, run_id, dtype=np.int64),
+            "tid": rng.integers(1, 1 << 20, n),
+            "kind": ["step"] * n,
+            "stage": ["recurrent"] * n,
+            "batch": rng.integers(1, 96, n),
+            "start_ns": ts,
+            "end_ns": ts + rng.integers(10**5, 10**7, n),
+            "seq": np.arange(n, dtype=np.int64),
+        },
+    )
     store.flush()
 
 
@@ -43,9 +51,13 @@ def main():
     rows = []
 
     def report(step):
-        rows.append((step, used_bytes(cur, path) / 2**20,
-                     sum(os.path.getsize(p) for p in (path, path + ".wal")
-                         if os.path.exists(p)) / 2**20))
+        rows.append(
+            (
+                step,
+                used_bytes(cur, path) / 2**20,
+                sum(os.path.getsize(p) for p in (path, path + ".wal") if os.path.exists(p)) / 2**20,
+            )
+        )
 
     cur.execute("CHECKPOINT")
     report(f"{runs} runs x {per_run} spans, checkpointed")
@@ -76,8 +88,13 @@ def main():
     con.execute("DETACH fresh")
     took = (time.monotonic() - t0) * 1e3
     con.close()
-    rows.append((f"COPY FROM DATABASE into a new file ({took:.0f} ms)", float("nan"),
-                 os.path.getsize(copy) / 2**20))
+    rows.append(
+        (
+            f"COPY FROM DATABASE into a new file ({took:.0f} ms)",
+            float("nan"),
+            os.path.getsize(copy) / 2**20,
+        )
+    )
     print(f"duckdb {duckdb.__version__}")
     print("| step | used MiB (blocks + WAL) | file MiB |\n|---|---:|---:|")
     for step, used, size in rows:

@@ -28,8 +28,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from stallscope.probes.sched_bcc import RECORD_DTYPE, BccSchedProbe  # noqa: E402
-from stallscope.probes.sched_perf import PerfSchedProbe  # noqa: E402
+from stallscope.probes.sched_bcc import RECORD_DTYPE, BccSchedProbe
+from stallscope.probes.sched_perf import PerfSchedProbe
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -53,8 +53,9 @@ def build_pingpong(tmp):
 
 
 def run_pingpong(exe, rounds, cpu, on_ready=None):
-    p = subprocess.Popen([exe, str(rounds), str(cpu)], stdin=subprocess.PIPE,
-                         stdout=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [exe, str(rounds), str(cpu)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     _, a, b = p.stdout.readline().split()
     if on_ready:
         on_ready(int(a), int(b))
@@ -62,7 +63,7 @@ def run_pingpong(exe, rounds, cpu, on_ready=None):
     p.stdin.flush()
     line = p.stdout.readline().split()
     p.wait()
-    return float(line[1]) / 2.0          # ns per switch (each with its wakeup)
+    return float(line[1]) / 2.0  # ns per switch (each with its wakeup)
 
 
 def decode_ceiling(n=1_000_000):
@@ -74,10 +75,10 @@ def decode_ceiling(n=1_000_000):
     recs["c_ns"] = np.arange(n) + 10
     p = BccSchedProbe()
     p._sink = CountSink()
-    batch = 4096                          # about one 20 ms poll at 200k/s
+    batch = 4096  # about one 20 ms poll at 200k/s
     t0 = time.thread_time_ns()
     for i in range(0, n, batch):
-        p._emit(recs[i:i + batch].copy())
+        p._emit(recs[i : i + batch].copy())
     return (time.thread_time_ns() - t0) / n
 
 
@@ -96,14 +97,15 @@ def main():
         stats_was = f.read().strip()
     prog = {}
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
-    results = {m: [] for m in ("none", "bcc-untracked", "bcc-tracked",
-                               "perf-untracked", "perf-tracked")}
+    results = {
+        m: [] for m in ("none", "bcc-untracked", "bcc-tracked", "perf-untracked", "perf-tracked")
+    }
     deltas = {m: [] for m in results if m != "none"}
     reader = []
     try:
         with tempfile.TemporaryDirectory() as tmp:
             exe = build_pingpong(tmp)
-            run_pingpong(exe, args.rounds // 10, args.cpu)          # warm up
+            run_pingpong(exe, args.rounds // 10, args.cpu)  # warm up
             for _ in range(args.repeats):
                 base = run_pingpong(exe, args.rounds, args.cpu)
                 results["none"].append(base)
@@ -118,15 +120,17 @@ def main():
                 cpu0 = probe.status()["reader_cpu_ns"]
                 rec0 = probe.status()["records"]
                 t0 = time.monotonic_ns()
-                v = run_pingpong(exe, args.rounds, args.cpu,
-                                 lambda a, b: (probe.track(a), probe.track(b)))
+                v = run_pingpong(
+                    exe, args.rounds, args.cpu, lambda a, b: (probe.track(a), probe.track(b))
+                )
                 probe.drain()
                 wall = time.monotonic_ns() - t0
                 st = probe.status()
                 results["bcc-tracked"].append(v)
                 deltas["bcc-tracked"].append(v - base)
-                reader.append(((st["reader_cpu_ns"] - cpu0), st["records"] - rec0, wall,
-                               sink.losses))
+                reader.append(
+                    ((st["reader_cpu_ns"] - cpu0), st["records"] - rec0, wall, sink.losses)
+                )
                 probe.stop()
 
                 # in-kernel cost per program run, from the kernel's own stats
@@ -135,8 +139,10 @@ def main():
                 with open(stats_path, "w") as f:
                     f.write("1")
                 try:
-                    for label, hook in (("untracked", None),
-                                        ("tracked", lambda a, b, p=None: None)):
+                    for label, hook in (
+                        ("untracked", None),
+                        ("tracked", lambda a, b, p=None: None),
+                    ):
                         probe = BccSchedProbe()
                         probe.start(CountSink())
                         probe.track(sleeper.pid)
@@ -162,8 +168,9 @@ def main():
                 v = run_pingpong(exe, args.rounds, args.cpu)
                 results["perf-untracked"].append(v)
                 deltas["perf-untracked"].append(v - base)
-                v = run_pingpong(exe, args.rounds, args.cpu,
-                                 lambda a, b: (probe.track(a), probe.track(b)))
+                v = run_pingpong(
+                    exe, args.rounds, args.cpu, lambda a, b: (probe.track(a), probe.track(b))
+                )
                 results["perf-tracked"].append(v)
                 deltas["perf-tracked"].append(v - base)
                 probe.stop()
@@ -172,30 +179,41 @@ def main():
         sleeper.wait()
 
     base = statistics.median(results["none"])
-    print(f"pipe ping-pong, {args.rounds} round trips x {args.repeats} repeats, "
-          f"CPU {args.cpu}, {os.cpu_count()} CPUs, kernel {os.uname().release}")
+    print(
+        f"pipe ping-pong, {args.rounds} round trips x {args.repeats} repeats, "
+        f"CPU {args.cpu}, {os.cpu_count()} CPUs, kernel {os.uname().release}"
+    )
     print(f"{'mode':16} {'ns/switch':>10} {'vs none':>9} {'+ns/switch (paired)':>20}")
     for mode, vals in results.items():
         if not vals:
             continue
         med = statistics.median(vals)
         d = statistics.median(deltas[mode]) if mode in deltas else 0.0
-        spread = (f"  paired deltas min..max {min(deltas[mode]):.0f}..{max(deltas[mode]):.0f}"
-                  if mode in deltas else "")
+        spread = (
+            f"  paired deltas min..max {min(deltas[mode]):.0f}..{max(deltas[mode]):.0f}"
+            if mode in deltas
+            else ""
+        )
         print(f"{mode:16} {med:10.0f} {med / base:9.3f} {d:20.0f}{spread}")
     cpu_ns = sum(r[0] for r in reader)
     recs = sum(r[1] for r in reader)
     wall = sum(r[2] for r in reader)
-    print(f"bcc reader during bcc-tracked: {recs} records, {recs / wall * 1e9:,.0f} records/s, "
-          f"{cpu_ns / max(recs, 1):.0f} ns CPU/record, reader CPU share "
-          f"{cpu_ns / wall * 100:.1f}% of one core, losses {sum(r[3] for r in reader)}")
+    print(
+        f"bcc reader during bcc-tracked: {recs} records, {recs / wall * 1e9:,.0f} records/s, "
+        f"{cpu_ns / max(recs, 1):.0f} ns CPU/record, reader CPU share "
+        f"{cpu_ns / wall * 100:.1f}% of one core, losses {sum(r[3] for r in reader)}"
+    )
     for (label, name), (t, n) in sorted(prog.items()):
         if n and name in ("sched_switch", "sched_wakeup", "sched_migrate_task"):
-            print(f"bpf program {name:18} ping-pong {label:9}: {n:8d} runs, "
-                  f"{t / n:4.0f} ns per run (kernel bpf_stats; all switches of the host)")
+            print(
+                f"bpf program {name:18} ping-pong {label:9}: {n:8d} runs, "
+                f"{t / n:4.0f} ns per run (kernel bpf_stats; all switches of the host)"
+            )
     per = decode_ceiling()
-    print(f"bcc reader decode ceiling (synthetic, 4096-record batches): {per:.0f} ns/record "
-          f"= {1e9 / per:,.0f} records/s on one core")
+    print(
+        f"bcc reader decode ceiling (synthetic, 4096-record batches): {per:.0f} ns/record "
+        f"= {1e9 / per:,.0f} records/s on one core"
+    )
 
 
 if __name__ == "__main__":

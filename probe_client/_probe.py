@@ -14,8 +14,8 @@ thread holds it). Standard library only.
 
 import atexit
 import gc as _gc
-import json
 import inspect
+import json
 import os
 import re
 import signal
@@ -32,8 +32,8 @@ DEFAULT_SOCKET = "/run/stallscope/probe.sock"
 SOCKET_ENV = "STALLSCOPE_SOCKET"
 
 RECONNECT_INTERVAL_NS = 1_000_000_000  # at most one connection attempt a second
-FLUSH_INTERVAL_NS = 20_000_000         # an outermost span end sends if older than this
-IDLE_FLUSH_S = 0.1                     # the background flusher's period
+FLUSH_INTERVAL_NS = 20_000_000  # an outermost span end sends if older than this
+IDLE_FLUSH_S = 0.1  # the background flusher's period
 GC_RING_SLOTS = 256
 
 _monotonic_ns = time.monotonic_ns
@@ -52,8 +52,10 @@ _live_probes = weakref.WeakSet()
 
 
 def _free_threaded():
-    return bool(sysconfig.get_config_var("Py_GIL_DISABLED")) and not getattr(
-        sys, "_is_gil_enabled", lambda: True)()
+    return (
+        bool(sysconfig.get_config_var("Py_GIL_DISABLED"))
+        and not getattr(sys, "_is_gil_enabled", lambda: True)()
+    )
 
 
 _SPEC_RE = re.compile(r"^(len\()?\s*(result|self|arg[0-9])((?:\.[A-Za-z_][A-Za-z0-9_]*)*)\s*(\))?$")
@@ -66,7 +68,8 @@ def _compile_spec(text):
     if m is None or bool(m.group(1)) != bool(m.group(4)):
         raise ValueError(
             f"bad source {text!r}: use result.ATTR, argN.ATTR, self.ATTR "
-            "or len(...) of one of these")
+            "or len(...) of one of these"
+        )
     return m.group(2), m.group(3), bool(m.group(1))
 
 
@@ -191,13 +194,30 @@ def _build_wrapper(probe, target, kid, stage, batch, mode, params, owner_ref):
     if batch:
         tags.append(_TAG_TEMPLATE.format(stmt=f"st.batch = int({expr(batch)}) & {_U32}"))
     source = _WRAPPER_TEMPLATE.format(
-        params=", ".join(sig), call=call, tags="".join(tags) or "                pass",
-        full=_FULL_AT, rtype=_REC_SPAN, rs=_RS, interval=FLUSH_INTERVAL_NS, half=_MOSTLY_FULL_AT)
+        params=", ".join(sig),
+        call=call,
+        tags="".join(tags) or "                pass",
+        full=_FULL_AT,
+        rtype=_REC_SPAN,
+        rs=_RS,
+        interval=FLUSH_INTERVAL_NS,
+        half=_MOSTLY_FULL_AT,
+    )
     namespace = {}
     exec(compile(source, f"<stallscope wrapper kind={kid}>", "exec"), namespace)
-    return namespace["make"](probe, target, owner_ref, kid, probe._sid, _pack_record,
-                             probe._buf, probe._lock.acquire, probe._lock.release,
-                             _monotonic_ns, probe._local)
+    return namespace["make"](
+        probe,
+        target,
+        owner_ref,
+        kid,
+        probe._sid,
+        _pack_record,
+        probe._buf,
+        probe._lock.acquire,
+        probe._lock.release,
+        _monotonic_ns,
+        probe._local,
+    )
 
 
 class Probe:
@@ -214,11 +234,11 @@ class Probe:
         whole = memoryview(self._buf)
         self._views = tuple(whole[: _HDR + n * _RS] for n in range(wire.MAX_RECORDS + 1))
         self._gc_buf = bytearray(GC_RING_SLOTS * _RS)
-        self._ids = {}       # name (or enum) -> string id; kinds and stages
-        self._names = []     # string id - 1 -> encoded name
+        self._ids = {}  # name (or enum) -> string id; kinds and stages
+        self._names = []  # string id - 1 -> encoded name
         self._attached = []  # (owner, name, had_own, previous) for detach
         self._closed = False
-        self.errors = 0      # exceptions swallowed on the hot path
+        self.errors = 0  # exceptions swallowed on the hot path
         self._reset_run_state()
         self._sock = None
         self._fd = -1
@@ -234,11 +254,11 @@ class Probe:
     def _reset_run_state(self):
         self.run_token = int.from_bytes(os.urandom(8), "little") >> 1
         self._pos = _HDR
-        self._seq = 0                 # sequence number of the buffer's first record
+        self._seq = 0  # sequence number of the buffer's first record
         self._last_send_ns = 0
-        self._strings_sent = 0        # names already sent on this connection
-        self.drops_full = 0           # records lost to a full socket or GC ring
-        self.drops_disconnected = 0   # records lost while no daemon was there
+        self._strings_sent = 0  # names already sent on this connection
+        self.drops_full = 0  # records lost to a full socket or GC ring
+        self.drops_disconnected = 0  # records lost while no daemon was there
         self.sent_records = 0
         self._gc_w = 0
         self._gc_r = 0
@@ -273,8 +293,9 @@ class Probe:
                 if pos >= _FULL_AT:
                     self._send_full_locked(t1)
                     pos = self._pos
-                _pack_record(self._buf, pos, _REC_SPAN, st.depth, kid, st.tid, t0, t1,
-                             sid, batch & _U32)
+                _pack_record(
+                    self._buf, pos, _REC_SPAN, st.depth, kid, st.tid, t0, t1, sid, batch & _U32
+                )
                 self._pos = pos + _RS
             finally:
                 self._lock.release()
@@ -319,8 +340,9 @@ class Probe:
                 func = getattr(owner, name)
             if isinstance(func, (staticmethod, classmethod)) or not callable(func):
                 raise TypeError(f"{owner.__name__}.{name} is not a plain method")
-            wrapper = _build_wrapper(self, func, kid, stage, batch, "class",
-                                     _plain_params(func), None)
+            wrapper = _build_wrapper(
+                self, func, kid, stage, batch, "class", _plain_params(func), None
+            )
         else:
             current = getattr(owner, name)
             if not callable(current):
@@ -336,11 +358,13 @@ class Probe:
                 except TypeError:
                     owner_ref = None
             if owner_ref is not None:
-                wrapper = _build_wrapper(self, func, kid, stage, batch, "weak",
-                                         _plain_params(func), owner_ref)
+                wrapper = _build_wrapper(
+                    self, func, kid, stage, batch, "weak", _plain_params(func), owner_ref
+                )
             else:
-                wrapper = _build_wrapper(self, current, kid, stage, batch, "call",
-                                         _plain_params(current), None)
+                wrapper = _build_wrapper(
+                    self, current, kid, stage, batch, "call", _plain_params(current), None
+                )
         wrapper.__wrapped__ = func if isinstance(owner, type) else getattr(owner, name)
         wrapper.__name__ = name
         wrapper.__qualname__ = f"stallscope[{kind}].{name}"
@@ -378,8 +402,10 @@ class Probe:
             self._send_locked(_monotonic_ns())
             if self._sock is not None:
                 try:
-                    self._sock.send(self._header(wire.DGRAM_BYE, 0, _monotonic_ns()),
-                                    socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL)
+                    self._sock.send(
+                        self._header(wire.DGRAM_BYE, 0, _monotonic_ns()),
+                        socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL,
+                    )
                 except OSError:
                     pass
                 self._disconnect()
@@ -391,10 +417,15 @@ class Probe:
 
     def stats(self):
         """Counters, for tests and the curious (a fresh dict: not hot path)."""
-        return {"sent_records": self.sent_records, "drops_full": self.drops_full,
-                "drops_disconnected": self.drops_disconnected, "errors": self.errors,
-                "next_seq": self._seq + (self._pos - _HDR) // _RS,
-                "connected": self.connected, "run_token": self.run_token}
+        return {
+            "sent_records": self.sent_records,
+            "drops_full": self.drops_full,
+            "drops_disconnected": self.drops_disconnected,
+            "errors": self.errors,
+            "next_seq": self._seq + (self._pos - _HDR) // _RS,
+            "connected": self.connected,
+            "run_token": self.run_token,
+        }
 
     # ----- hot path internals ----------------------------------------------
     def _thread_state(self):
@@ -434,7 +465,7 @@ class Probe:
                 self._send_locked(_monotonic_ns())
             off = (r % GC_RING_SLOTS) * _RS
             pos = self._pos
-            buf[pos:pos + _RS] = gcbuf[off:off + _RS]
+            buf[pos : pos + _RS] = gcbuf[off : off + _RS]
             self._pos = pos + _RS
             r += 1
         self._gc_r = r
@@ -461,8 +492,19 @@ class Probe:
                 self._pos = _HDR
                 self._last_send_ns = now
                 return
-        _pack_header(self._buf, 0, wire.MAGIC, wire.VERSION, wire.DGRAM_RECORDS, n, _RS,
-                     self._seq, now, self.drops_full & _U32, self.drops_disconnected & _U32)
+        _pack_header(
+            self._buf,
+            0,
+            wire.MAGIC,
+            wire.VERSION,
+            wire.DGRAM_RECORDS,
+            n,
+            _RS,
+            self._seq,
+            now,
+            self.drops_full & _U32,
+            self.drops_disconnected & _U32,
+        )
         try:
             self._write(self._fd, self._views[n])
             self.sent_records += n
@@ -486,9 +528,18 @@ class Probe:
             if w - self._gc_r >= GC_RING_SLOTS:
                 self._gc_lost += 1
                 return
-            _pack_record(self._gc_buf, (w % GC_RING_SLOTS) * _RS, _REC_GC,
-                         info["generation"], 0, _native_id(), self._gc_t0, t1,
-                         min(info["collected"], _U32), min(info["uncollectable"], _U32))
+            _pack_record(
+                self._gc_buf,
+                (w % GC_RING_SLOTS) * _RS,
+                _REC_GC,
+                info["generation"],
+                0,
+                _native_id(),
+                self._gc_t0,
+                t1,
+                min(info["collected"], _U32),
+                min(info["uncollectable"], _U32),
+            )
             self._gc_w = w + 1
         except Exception:
             self.errors += 1
@@ -522,8 +573,19 @@ class Probe:
 
     def _header(self, kind, count, now):
         hdr = bytearray(_HDR)
-        _pack_header(hdr, 0, wire.MAGIC, wire.VERSION, kind, count, _RS, self._seq, now,
-                     self.drops_full & _U32, self.drops_disconnected & _U32)
+        _pack_header(
+            hdr,
+            0,
+            wire.MAGIC,
+            wire.VERSION,
+            kind,
+            count,
+            _RS,
+            self._seq,
+            now,
+            self.drops_full & _U32,
+            self.drops_disconnected & _U32,
+        )
         return hdr
 
     def _ensure_connected(self, now):
@@ -563,21 +625,24 @@ class Probe:
         if signal.getsignal(signal.SIGPIPE) == signal.SIG_IGN:
             self._write = os.write
         else:
+
             def _send(fd, data, _s=sock.send, _f=socket.MSG_NOSIGNAL):
                 return _s(data, _f)
+
             self._write = _send
         return True
 
     def _send_strings(self):
         while self._strings_sent < len(self._names):
-            chunk = self._names[self._strings_sent:self._strings_sent + wire.MAX_RECORDS]
+            chunk = self._names[self._strings_sent : self._strings_sent + wire.MAX_RECORDS]
             out = self._header(wire.DGRAM_RECORDS, len(chunk), _monotonic_ns())
             out.extend(bytes(len(chunk) * _RS))
             for i, name in enumerate(chunk):
                 # String records carry no sequence number (only span and GC
                 # records do); the header's first_seq is the next record's.
-                wire.STRING_RECORD.pack_into(out, _HDR + i * _RS, wire.REC_STRING, 0,
-                                             self._strings_sent + i + 1, 0, name)
+                wire.STRING_RECORD.pack_into(
+                    out, _HDR + i * _RS, wire.REC_STRING, 0, self._strings_sent + i + 1, 0, name
+                )
             try:
                 self._sock.send(out, socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL)
             except BlockingIOError:
@@ -623,8 +688,9 @@ class Probe:
 
     # ----- background flush and fork ----------------------------------------
     def _start_flusher(self):
-        t = threading.Thread(target=_flusher_loop, args=(weakref.ref(self),),
-                             name="stallscope-flush", daemon=True)
+        t = threading.Thread(
+            target=_flusher_loop, args=(weakref.ref(self),), name="stallscope-flush", daemon=True
+        )
         t.start()
 
     def _after_fork_child(self):
@@ -722,6 +788,7 @@ def _close_all():
             pass
 
 
-os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_parent,
-                    after_in_child=_after_fork_child)
+os.register_at_fork(
+    before=_before_fork, after_in_parent=_after_fork_parent, after_in_child=_after_fork_child
+)
 atexit.register(_close_all)

@@ -16,13 +16,13 @@ HEADER_SIZE = 32
 RECORD_SIZE = 32
 
 # Datagram kinds (header byte 3).
-DGRAM_HELLO = 1    # payload: UTF-8 JSON describing the process and run
+DGRAM_HELLO = 1  # payload: UTF-8 JSON describing the process and run
 DGRAM_RECORDS = 2  # payload: record_count fixed-size records
-DGRAM_BYE = 3      # no payload: the client closed cleanly
+DGRAM_BYE = 3  # no payload: the client closed cleanly
 
 # Record types (record byte 0).
-REC_SPAN = 1    # flags=depth, kind_id, tid, start_ns, end_ns, stage_id, batch
-REC_GC = 2      # flags=generation, tid, start_ns, end_ns, collected, uncollectable
+REC_SPAN = 1  # flags=depth, kind_id, tid, start_ns, end_ns, stage_id, batch
+REC_GC = 2  # flags=generation, tid, start_ns, end_ns, collected, uncollectable
 REC_STRING = 3  # kind_id=string id, bytes 8..31 = UTF-8 name, NUL padded
 REC_TYPES = (REC_SPAN, REC_GC, REC_STRING)
 

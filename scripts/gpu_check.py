@@ -32,6 +32,7 @@ def import_stallscope():
         sys.path.insert(0, str(ROOT / "daemon"))
     from stallscope.probes import gpu_nvml
     from stallscope.probes.base import ProbeSettings, Sink
+
     return gpu_nvml, ProbeSettings, Sink
 
 
@@ -49,15 +50,21 @@ def timed(fn, n):
             fn()
         except Exception as exc:
             name = type(exc).__name__
-            if name != "NVMLError_NotFound":   # "no new sample" is a normal answer: timed
+            if name != "NVMLError_NotFound":  # "no new sample" is a normal answer: timed
                 errors += 1
                 last_err = name
                 continue
             not_found += 1
         out.append((time.perf_counter_ns() - t0) / 1000)
-    return {"n": len(out), "median_us": statistics.median(out) if out else None,
-            "p99_us": pct(out, 0.99), "max_us": max(out) if out else None,
-            "errors": errors, "not_found": not_found, "error": last_err}
+    return {
+        "n": len(out),
+        "median_us": statistics.median(out) if out else None,
+        "p99_us": pct(out, 0.99),
+        "max_us": max(out) if out else None,
+        "errors": errors,
+        "not_found": not_found,
+        "error": last_err,
+    }
 
 
 def call_latencies(nv, h, n):
@@ -70,16 +77,25 @@ def call_latencies(nv, h, n):
             newest[stype] = 0
     calls = {
         "nvmlDeviceGetClockInfo(SM)": lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM),
-        "nvmlDeviceGetClockInfo(GRAPHICS)": lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_GRAPHICS),
+        "nvmlDeviceGetClockInfo(GRAPHICS)": lambda: nv.nvmlDeviceGetClockInfo(
+            h, nv.NVML_CLOCK_GRAPHICS
+        ),
         "nvmlDeviceGetClockInfo(MEM)": lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_MEM),
-        "nvmlDeviceGetFieldValues(POWER_INSTANT)":
-            lambda: nv.nvmlDeviceGetFieldValues(h, [nv.NVML_FI_DEV_POWER_INSTANT]),
+        "nvmlDeviceGetFieldValues(POWER_INSTANT)": lambda: nv.nvmlDeviceGetFieldValues(
+            h, [nv.NVML_FI_DEV_POWER_INSTANT]
+        ),
         "nvmlDeviceGetPowerUsage": lambda: nv.nvmlDeviceGetPowerUsage(h),
         "nvmlDeviceGetTemperature": lambda: nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU),
         "nvmlDeviceGetUtilizationRates": lambda: nv.nvmlDeviceGetUtilizationRates(h),
-        "nvmlDeviceGetCurrentClocksEventReasons": lambda: nv.nvmlDeviceGetCurrentClocksEventReasons(h),
-        "nvmlDeviceGetSamples(PROCESSOR_CLK, newest)": lambda: nv.nvmlDeviceGetSamples(h, 5, newest[5]),
-        "nvmlDeviceGetSamples(TOTAL_POWER, newest)": lambda: nv.nvmlDeviceGetSamples(h, 0, newest[0]),
+        "nvmlDeviceGetCurrentClocksEventReasons": lambda: nv.nvmlDeviceGetCurrentClocksEventReasons(
+            h
+        ),
+        "nvmlDeviceGetSamples(PROCESSOR_CLK, newest)": lambda: nv.nvmlDeviceGetSamples(
+            h, 5, newest[5]
+        ),
+        "nvmlDeviceGetSamples(TOTAL_POWER, newest)": lambda: nv.nvmlDeviceGetSamples(
+            h, 0, newest[0]
+        ),
         "nvmlDeviceGetSamples(PROCESSOR_CLK, all)": lambda: nv.nvmlDeviceGetSamples(h, 5, 0),
     }
     return {name: timed(fn, n) for name, fn in calls.items()}
@@ -93,22 +109,31 @@ def buffer_shape(nv, h):
         except nv.NVMLError as exc:
             out[label] = {"error": str(exc)}
             continue
-        read_ns = {name: time.clock_gettime_ns(cid) for name, cid in
-                   (("realtime", time.CLOCK_REALTIME), ("boottime", time.CLOCK_BOOTTIME),
-                    ("monotonic", time.CLOCK_MONOTONIC))}
+        read_ns = {
+            name: time.clock_gettime_ns(cid)
+            for name, cid in (
+                ("realtime", time.CLOCK_REALTIME),
+                ("boottime", time.CLOCK_BOOTTIME),
+                ("monotonic", time.CLOCK_MONOTONIC),
+            )
+        }
         stamps = sorted(int(s.timeStamp) for s in samples)
         gaps = [b - a for a, b in zip(stamps, stamps[1:])]
-        out[label] = {"depth": len(stamps), "value_type": int(vtype),
-                      "period_us_median": statistics.median(gaps) if gaps else None,
-                      "period_us_min": min(gaps) if gaps else None,
-                      "period_us_max": max(gaps) if gaps else None,
-                      "span_s": (stamps[-1] - stamps[0]) / 1e6 if stamps else None,
-                      "newest_raw_us": stamps[-1] if stamps else None,
-                      # how far behind each candidate clock the newest sample was when read:
-                      # the driver's clock is the one with a small positive lag
-                      "newest_lag_ms": {k: (v - stamps[-1] * 1000) / 1e6 for k, v in read_ns.items()}
-                      if stamps else None,
-                      "values_first5": [int(getattr(s.sampleValue, "uiVal")) for s in samples[:5]]}
+        out[label] = {
+            "depth": len(stamps),
+            "value_type": int(vtype),
+            "period_us_median": statistics.median(gaps) if gaps else None,
+            "period_us_min": min(gaps) if gaps else None,
+            "period_us_max": max(gaps) if gaps else None,
+            "span_s": (stamps[-1] - stamps[0]) / 1e6 if stamps else None,
+            "newest_raw_us": stamps[-1] if stamps else None,
+            # how far behind each candidate clock the newest sample was when read:
+            # the driver's clock is the one with a small positive lag
+            "newest_lag_ms": {k: (v - stamps[-1] * 1000) / 1e6 for k, v in read_ns.items()}
+            if stamps
+            else None,
+            "values_first5": [int(s.sampleValue.uiVal) for s in samples[:5]],
+        }
     return out
 
 
@@ -126,10 +151,17 @@ def field_clock(nv, h, n=50):
         hi = b if hi is None else min(hi, b)
     real = time.clock_gettime_ns(time.CLOCK_REALTIME) - time.monotonic_ns()
     boot = time.clock_gettime_ns(time.CLOCK_BOOTTIME) - time.monotonic_ns()
-    return {"offset_lower_ns": lo, "offset_upper_ns": hi,
-            "realtime_minus_mono_ns": real, "boottime_minus_mono_ns": boot,
-            "matches": [name for name, off in (("realtime", real), ("boottime", boot), ("monotonic", 0))
-                        if lo - 2_000_000 <= off <= hi + 2_000_000]}
+    return {
+        "offset_lower_ns": lo,
+        "offset_upper_ns": hi,
+        "realtime_minus_mono_ns": real,
+        "boottime_minus_mono_ns": boot,
+        "matches": [
+            name
+            for name, off in (("realtime", real), ("boottime", boot), ("monotonic", 0))
+            if lo - 2_000_000 <= off <= hi + 2_000_000
+        ],
+    }
 
 
 class CountSink:
@@ -155,7 +187,7 @@ def calibration(gpu_nvml, ProbeSettings, seconds):
     t_end = time.monotonic() + seconds
     k = 0
     while time.monotonic() < t_end:
-        time.sleep(0.013 + 0.011 * (k % 5))    # uneven spacing: no lock-step with the driver
+        time.sleep(0.013 + 0.011 * (k % 5))  # uneven spacing: no lock-step with the driver
         probe.read_buffers()
         k += 1
     sync = probe.calibrate()
@@ -163,16 +195,28 @@ def calibration(gpu_nvml, ProbeSettings, seconds):
     # compare buffer clock samples with polled SM clock (same domain?)
     probe.poll()
     probe.flush()
-    buf = [v for b in sink.batches for v, s in zip(b["sm_clock_mhz"], b["source"])
-           if s == "buffer" and v is not None]
-    pol = [v for b in sink.batches for v, s in zip(b["sm_clock_mhz"], b["source"])
-           if s == "poll" and v is not None]
+    buf = [
+        v
+        for b in sink.batches
+        for v, s in zip(b["sm_clock_mhz"], b["source"])
+        if s == "buffer" and v is not None
+    ]
+    pol = [
+        v
+        for b in sink.batches
+        for v, s in zip(b["sm_clock_mhz"], b["source"])
+        if s == "poll" and v is not None
+    ]
     status = probe.status()
     probe.stop()
-    return {"sync": sync, "reads": k, "buffer_sm_clock_median_mhz": statistics.median(buf) if buf else None,
-            "poll_sm_clock_mhz": pol[-1] if pol else None,
-            "buffer_poll_s_chosen": probe.buffer_poll_s,
-            "status": {k2: v for k2, v in status.items() if "buffer" in k2}}
+    return {
+        "sync": sync,
+        "reads": k,
+        "buffer_sm_clock_median_mhz": statistics.median(buf) if buf else None,
+        "poll_sm_clock_mhz": pol[-1] if pol else None,
+        "buffer_poll_s_chosen": probe.buffer_poll_s,
+        "status": {k2: v for k2, v in status.items() if "buffer" in k2},
+    }
 
 
 def poll_rates(gpu_nvml, ProbeSettings, flat_s, default_s):
@@ -187,8 +231,12 @@ def poll_rates(gpu_nvml, ProbeSettings, flat_s, default_s):
         lat.append((time.perf_counter_ns() - t0) / 1000)
     probe.flush()
     probe.stop()
-    flat = {"polls_per_s": len(lat) / flat_s, "gpus": len(probe.gpus),
-            "poll_all_gpus_median_us": statistics.median(lat), "p99_us": pct(lat, 0.99)}
+    flat = {
+        "polls_per_s": len(lat) / flat_s,
+        "gpus": len(probe.gpus),
+        "poll_all_gpus_median_us": statistics.median(lat),
+        "p99_us": pct(lat, 0.99),
+    }
     sink = CountSink()
     probe = gpu_nvml.NvmlGpuProbe(ProbeSettings())
     probe.start(sink)
@@ -199,8 +247,15 @@ def poll_rates(gpu_nvml, ProbeSettings, flat_s, default_s):
     elapsed = time.monotonic() - t0
     late = probe.counters["late_ticks"]
     probe.stop()
-    return {"flat_out": flat, "default": {"target_hz": probe.poll_hz, "achieved_hz": polls / elapsed,
-                                          "late_ticks": late, "rows": sink.rows.get("nvml_samples", 0)}}
+    return {
+        "flat_out": flat,
+        "default": {
+            "target_hz": probe.poll_hz,
+            "achieved_hz": polls / elapsed,
+            "late_ticks": late,
+            "rows": sink.rows.get("nvml_samples", 0),
+        },
+    }
 
 
 class SamplerProcess:
@@ -208,6 +263,7 @@ class SamplerProcess:
 
     def __init__(self, hz, fake=False):
         import subprocess
+
         cmd = [sys.executable, str(Path(__file__).resolve()), "--sampler", str(hz)]
         if fake:
             cmd.append("--fake")
@@ -229,6 +285,7 @@ def run_sampler(hz, fake):
     if fake:
         sys.path.insert(0, str(ROOT / "tests" / "probes"))
         import fake_nvml
+
         fake_nvml.install(fake_nvml.FakeNvml(gpus=1))
     probe = gpu_nvml.NvmlGpuProbe(ProbeSettings(gpu_poll_hz=hz))
     sink = CountSink()
@@ -238,9 +295,17 @@ def run_sampler(hz, fake):
     sys.stdin.read()
     elapsed = time.monotonic() - t0
     probe.stop()
-    print(json.dumps({"polls": probe.counters["polls"], "seconds": elapsed,
-                      "rows": sink.rows.get("nvml_samples", 0),
-                      "late_ticks": probe.counters["late_ticks"]}), flush=True)
+    print(
+        json.dumps(
+            {
+                "polls": probe.counters["polls"],
+                "seconds": elapsed,
+                "rows": sink.rows.get("nvml_samples", 0),
+                "late_ticks": probe.counters["late_ticks"],
+            }
+        ),
+        flush=True,
+    )
     return 0
 
 
@@ -248,7 +313,10 @@ def matmul_effect(gpu_nvml, block_s, blocks, fake=False):
     try:
         import torch
     except ImportError:
-        return {"run": False, "why": "torch is not installed: matmul check not run (no CPU stand-in)"}
+        return {
+            "run": False,
+            "why": "torch is not installed: matmul check not run (no CPU stand-in)",
+        }
     if not torch.cuda.is_available():
         return {"run": False, "why": "torch.cuda is not available: matmul check not run"}
     dev = torch.device("cuda:0")
@@ -274,8 +342,12 @@ def matmul_effect(gpu_nvml, block_s, blocks, fake=False):
         return out
 
     hi = f"on_{gpu_nvml.MAX_POLL_HZ:g}hz"
-    res = {"run": True, "device": torch.cuda.get_device_name(0), "block_s": block_s,
-           "sampler": "separate process (as the daemon), interleaved blocks"}
+    res = {
+        "run": True,
+        "device": torch.cuda.get_device_name(0),
+        "block_s": block_s,
+        "sampler": "separate process (as the daemon), interleaved blocks",
+    }
     for loop, (label, (a, b), n) in loops.items():
         steps(a, b, n, 1.5)  # warm up clocks and cuBLAS
         conditions = {"off": [], "on_10hz": [], hi: []}
@@ -287,14 +359,19 @@ def matmul_effect(gpu_nvml, block_s, blocks, fake=False):
             if sampler:
                 stats = sampler.stop()
                 res.setdefault(f"{loop}_sampler_hz_{cond}", []).append(
-                    stats["polls"] / stats["seconds"])
+                    stats["polls"] / stats["seconds"]
+                )
         base = statistics.median(conditions["off"])
         res[loop] = {"step": label}
         for cond, vals in conditions.items():
-            res[loop][cond] = {"steps": len(vals), "median_ms": statistics.median(vals),
-                               "p99_ms": pct(vals, 0.99), "max_ms": max(vals),
-                               "median_vs_off": statistics.median(vals) / base,
-                               "p99_vs_off": pct(vals, 0.99) / pct(conditions["off"], 0.99)}
+            res[loop][cond] = {
+                "steps": len(vals),
+                "median_ms": statistics.median(vals),
+                "p99_ms": pct(vals, 0.99),
+                "max_ms": max(vals),
+                "median_vs_off": statistics.median(vals) / base,
+                "p99_vs_off": pct(vals, 0.99) / pct(conditions["off"], 0.99),
+            }
     return res
 
 
@@ -311,22 +388,31 @@ def main(argv=None):
     if args.fake:
         sys.path.insert(0, str(ROOT / "tests" / "probes"))
         import fake_nvml
+
         fake_nvml.install(fake_nvml.FakeNvml(gpus=1))
     q = 0.2 if args.quick else 1.0
     reason = gpu_nvml.NvmlGpuProbe.unavailable(ProbeSettings())
     if reason:
         print(f"gpu_check: GPU probe unavailable: {reason}")
         return 2
-    nv, _ = gpu_nvml._load_bindings()    # the probe module is the one that imports pynvml
+    nv, _ = gpu_nvml._load_bindings()  # the probe module is the one that imports pynvml
     nv.nvmlInit()
     h = nv.nvmlDeviceGetHandleByIndex(0)
     from importlib import metadata
-    res = {"host": platform.node(), "fake": args.fake,
-           "bindings": metadata.version("nvidia-ml-py"),
-           "driver": str(nv.nvmlSystemGetDriverVersion()) if not args.fake else "fake",
-           "gpu0": str(nv.nvmlDeviceGetName(h)), "gpus": nv.nvmlDeviceGetCount()}
-    print(f"gpu_check: {res['gpu0']} x{res['gpus']}, driver {res['driver']}, "
-          f"nvidia-ml-py {res['bindings']}", flush=True)
+
+    res = {
+        "host": platform.node(),
+        "fake": args.fake,
+        "bindings": metadata.version("nvidia-ml-py"),
+        "driver": str(nv.nvmlSystemGetDriverVersion()) if not args.fake else "fake",
+        "gpu0": str(nv.nvmlDeviceGetName(h)),
+        "gpus": nv.nvmlDeviceGetCount(),
+    }
+    print(
+        f"gpu_check: {res['gpu0']} x{res['gpus']}, driver {res['driver']}, "
+        f"nvidia-ml-py {res['bindings']}",
+        flush=True,
+    )
     res["call_latency"] = call_latencies(nv, h, int(300 * q) or 20)
     res["buffers"] = buffer_shape(nv, h)
     res["field_timestamp_clock"] = field_clock(nv, h)
@@ -335,7 +421,9 @@ def main(argv=None):
     res["poll_rate"] = poll_rates(gpu_nvml, ProbeSettings, 3.0 * q, 5.0 * q)
     res["matmul"] = matmul_effect(gpu_nvml, 4.0 * q, 2, args.fake)
     report(res)
-    out = args.out or (os.path.join(os.environ["OUT"], "gpu_check.json") if os.environ.get("OUT") else None)
+    out = args.out or (
+        os.path.join(os.environ["OUT"], "gpu_check.json") if os.environ.get("OUT") else None
+    )
     if out:
         with open(out, "w") as f:
             json.dump(res, f, indent=2, default=str)
@@ -349,21 +437,27 @@ def report(res):
         if r["median_us"] is None:
             print(f"  {name:46s} failed: {r['error']}")
         else:
-            print(f"  {name:46s} median {r['median_us']:8.1f}  p99 {r['p99_us']:8.1f}  "
-                  f"max {r['max_us']:8.1f}  errors {r['errors']}  not_found {r['not_found']}")
+            print(
+                f"  {name:46s} median {r['median_us']:8.1f}  p99 {r['p99_us']:8.1f}  "
+                f"max {r['max_us']:8.1f}  errors {r['errors']}  not_found {r['not_found']}"
+            )
     print("\ndriver sample buffers (GPU 0):")
     for label, b in res["buffers"].items():
         print(f"  {label:16s} {b}")
     print(f"\nfield-value timestamps: {res['field_timestamp_clock']}")
     c = res["calibration"]
     print(f"\nbuffer clock calibration: {c['sync']}")
-    print(f"  buffer SM clock median {c['buffer_sm_clock_median_mhz']} MHz vs polled "
-          f"{c['poll_sm_clock_mhz']} MHz; buffer read every {c['buffer_poll_s_chosen']:.3f} s")
+    print(
+        f"  buffer SM clock median {c['buffer_sm_clock_median_mhz']} MHz vs polled "
+        f"{c['poll_sm_clock_mhz']} MHz; buffer read every {c['buffer_poll_s_chosen']:.3f} s"
+    )
     p = res["poll_rate"]
-    print(f"\nsampler: flat out {p['flat_out']['polls_per_s']:.0f} polls/s of {p['flat_out']['gpus']} "
-          f"GPU(s) (median {p['flat_out']['poll_all_gpus_median_us']:.0f} us/poll); default "
-          f"{p['default']['target_hz']:g} Hz achieved {p['default']['achieved_hz']:.2f} Hz, "
-          f"late ticks {p['default']['late_ticks']}")
+    print(
+        f"\nsampler: flat out {p['flat_out']['polls_per_s']:.0f} polls/s of {p['flat_out']['gpus']} "
+        f"GPU(s) (median {p['flat_out']['poll_all_gpus_median_us']:.0f} us/poll); default "
+        f"{p['default']['target_hz']:g} Hz achieved {p['default']['achieved_hz']:.2f} Hz, "
+        f"late ticks {p['default']['late_ticks']}"
+    )
     m = res["matmul"]
     if not m["run"]:
         print(f"\nmatmul: {m['why']}")
@@ -373,9 +467,11 @@ def report(res):
         print(f"  {m[loop]['step']}:")
         for cond, r in m[loop].items():
             if isinstance(r, dict):
-                print(f"    {cond:10s} steps {r['steps']:6d}  median {r['median_ms']:8.3f} ms  "
-                      f"p99 {r['p99_ms']:8.3f} ms  max {r['max_ms']:8.3f}  "
-                      f"median x{r['median_vs_off']:.4f}  p99 x{r['p99_vs_off']:.4f} of off")
+                print(
+                    f"    {cond:10s} steps {r['steps']:6d}  median {r['median_ms']:8.3f} ms  "
+                    f"p99 {r['p99_ms']:8.3f} ms  max {r['max_ms']:8.3f}  "
+                    f"median x{r['median_vs_off']:.4f}  p99 x{r['p99_vs_off']:.4f} of off"
+                )
 
 
 if __name__ == "__main__":

@@ -48,6 +48,7 @@ def api_daemon(tmp_path):
 @pytest.fixture
 def client(api_daemon):
     from stallscope.api.client import Client
+
     c = Client(api_daemon.api_socket)
     c.wait_ready()
     yield c

@@ -20,8 +20,18 @@ class DaemonProcess:
         self.proc = None
 
     def start(self, wait=True):
-        cmd = [sys.executable, "-m", "stallscope.cli", "daemon", "--socket", self.socket,
-               "--db", self.db, "--gpu-backend", "none"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "stallscope.cli",
+            "daemon",
+            "--socket",
+            self.socket,
+            "--db",
+            self.db,
+            "--gpu-backend",
+            "none",
+        ]
         if self.sched_backend:
             cmd += ["--sched-backend", self.sched_backend]
         cmd += self.extra_args

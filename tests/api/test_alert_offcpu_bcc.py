@@ -8,8 +8,8 @@ import pytest
 
 import probe_client
 from apihelpers import start_api_daemon, stop, wait_for
-from stallscope.api.v1 import stallscope_pb2 as pb
 from stallscope.api.client import Client
+from stallscope.api.v1 import stallscope_pb2 as pb
 from stallscope.probes.sched_bcc import BccSchedProbe
 
 
@@ -46,17 +46,18 @@ def test_blocked_step_alert_carries_offcpu(tmp_path):
                     alerts.extend(e.stall_alert for e in batch.events)
             except Exception:
                 pass
+
         threading.Thread(target=read, daemon=True).start()
         assert wait_for(lambda: c.status().subscribers == 1)
         probe = probe_client.connect(socket_path=d.socket, run_label="offcpu", gc=False)
-        time.sleep(0.5)           # the daemon follows this pid from hello on
+        time.sleep(0.5)  # the daemon follows this pid from hello on
         for _ in range(20):
             t0 = probe.begin()
             _busy(0.003)
             probe.end("step", t0, stage="recurrent", batch=1)
         t0 = probe.begin()
         _busy(0.003)
-        time.sleep(0.03)          # blocked inside the step
+        time.sleep(0.03)  # blocked inside the step
         probe.end("step", t0, stage="recurrent", batch=1)
         probe.close()
         got = wait_for(lambda: [a for a in alerts if a.duration_ns > 25_000_000])

@@ -2,9 +2,9 @@
 
 import pyarrow as pa
 
-from stallscope.api.v1 import stallscope_pb2 as pb
 from stallscope.api.alerts import Baselines, StallDetector, name_cause
 from stallscope.api.fanout import Fanout, Filter
+from stallscope.api.v1 import stallscope_pb2 as pb
 
 MS = 1_000_000
 
@@ -15,14 +15,14 @@ def spans(rows):
 
 
 def steady(n, run=1, tid=10, stage="recurrent", batch=4, dur=10 * MS, t0=0):
-    return [(run, tid, "step", stage, batch, t0 + i * 20 * MS, t0 + i * 20 * MS + dur)
-            for i in range(n)]
+    return [
+        (run, tid, "step", stage, batch, t0 + i * 20 * MS, t0 + i * 20 * MS + dur) for i in range(n)
+    ]
 
 
 def detector(hold_s=0.0):
     fan = Fanout(lambda: {1: 4242, 2: 4343})
-    return fan, StallDetector(fan, factor=1.2, window=16, min_samples=8,
-                              hold_unexplained_s=hold_s)
+    return fan, StallDetector(fan, factor=1.2, window=16, min_samples=8, hold_unexplained_s=hold_s)
 
 
 def test_running_median_per_key():
@@ -30,8 +30,8 @@ def test_running_median_per_key():
     assert b.observe("k", 10) == (None, 0)
     for v in (20, 30, 40):
         b.observe("k", v)
-    assert b.observe("k", 100) == (30, 4)       # median of 10..40 (upper middle)
-    assert b.observe("k", 1) == (40, 4)         # 10 fell out of the window
+    assert b.observe("k", 100) == (30, 4)  # median of 10..40 (upper middle)
+    assert b.observe("k", 1) == (40, 4)  # 10 fell out of the window
     assert b.observe("other", 5) == (None, 0)
 
 
@@ -54,7 +54,7 @@ def test_no_alert_until_enough_history_and_only_above_factor():
 def test_baselines_are_per_run_stage_and_batch():
     fan, det = detector()
     rows = steady(10, batch=4, dur=10 * MS) + steady(10, batch=32, dur=40 * MS, t0=5000 * MS)
-    assert det.process([(pb.SPAN, spans(rows))]) is None   # 40 ms is normal for batch 32
+    assert det.process([(pb.SPAN, spans(rows))]) is None  # 40 ms is normal for batch 32
 
 
 def test_alert_says_gc_and_off_cpu_inside_the_step():
@@ -62,13 +62,35 @@ def test_alert_says_gc_and_off_cpu_inside_the_step():
     sub = fan.subscribe(Filter(kinds=[pb.STALL_ALERT]))
     base = steady(10)
     s, e = 1000 * MS, 1000 * MS + 60 * MS
-    gcs = pa.table({"run_id": [1, 1, 2], "tid": [10, 10, 10], "generation": [2, 0, 2],
-                    "start_ns": [s + 5 * MS, s - 5 * MS, s], "end_ns": [s + 45 * MS, s + 1 * MS, e],
-                    "collected": [5, 1, 1], "uncollectable": [0, 0, 0]})
-    off = pa.table({"pid": [4242, 4242], "tid": [10, 11], "start_ns": [s + 50 * MS, s],
-                    "end_ns": [s + 55 * MS, e], "preempted": [True, False], "cpu": [0, 1]})
-    det.process([(pb.SPAN, spans(base)), (pb.GC_PASS, gcs), (pb.OFF_CPU, off),
-                 (pb.SPAN, spans([(1, 10, "step", "recurrent", 4, s, e)]))])
+    gcs = pa.table(
+        {
+            "run_id": [1, 1, 2],
+            "tid": [10, 10, 10],
+            "generation": [2, 0, 2],
+            "start_ns": [s + 5 * MS, s - 5 * MS, s],
+            "end_ns": [s + 45 * MS, s + 1 * MS, e],
+            "collected": [5, 1, 1],
+            "uncollectable": [0, 0, 0],
+        }
+    )
+    off = pa.table(
+        {
+            "pid": [4242, 4242],
+            "tid": [10, 11],
+            "start_ns": [s + 50 * MS, s],
+            "end_ns": [s + 55 * MS, e],
+            "preempted": [True, False],
+            "cpu": [0, 1],
+        }
+    )
+    det.process(
+        [
+            (pb.SPAN, spans(base)),
+            (pb.GC_PASS, gcs),
+            (pb.OFF_CPU, off),
+            (pb.SPAN, spans([(1, 10, "step", "recurrent", 4, s, e)])),
+        ]
+    )
     items, dropped = sub.take(1)
     assert dropped == 0 and len(items) == 1
     kind, table = items[0]
@@ -93,11 +115,11 @@ def test_fanout_drops_only_what_the_subscriber_wanted_and_never_blocks():
     sub = fan.subscribe(Filter(kinds=[pb.SPAN], run_ids=[1]), max_queue_events=10)
     other = fan.subscribe(Filter(kinds=[pb.GC_PASS]))
     batch = spans(steady(8, run=1) + steady(8, run=2))
-    fan.on_batch("spans", batch)            # 16 rows: over the bound of 10 -> dropped
-    fan.on_batch("spans", spans(steady(5, run=1)))   # fits
-    fan.on_batch("unknown_table", batch)    # not streamed
+    fan.on_batch("spans", batch)  # 16 rows: over the bound of 10 -> dropped
+    fan.on_batch("spans", spans(steady(5, run=1)))  # fits
+    fan.on_batch("unknown_table", batch)  # not streamed
     items, dropped = sub.take(0)
-    assert dropped == 8                     # run 1's rows only
+    assert dropped == 8  # run 1's rows only
     assert [t.num_rows for _, t in items] == [5]
     assert other.take(0) == ([], 0)
     assert fan.dropped_total() == 8
@@ -110,13 +132,27 @@ def test_sampled_proc_windows_are_pro_rated_and_flagged():
     # a 100 ms window (covering the whole step) in which the thread was off CPU
     # 50 ms, 3 of 4 switch-outs involuntary: the step's 40 ms get 20 ms off CPU,
     # 15 ms of it preempted
-    off = pa.table({"pid": pa.array([4242], pa.int32()), "tid": pa.array([10], pa.int32()),
-                    "start_ns": [s - 30 * MS], "end_ns": [s + 70 * MS],
-                    "preempted": pa.array([None], pa.bool_()), "cpu": pa.array([None], pa.int16()),
-                    "resolution_ns": [100 * MS], "events": pa.array([4], pa.int32()),
-                    "preempted_events": pa.array([3], pa.int32()), "offcpu_ns": [50 * MS]})
-    got = det.process([(pb.SPAN, spans(steady(10))), (pb.OFF_CPU, off),
-                       (pb.SPAN, spans([(1, 10, "step", "recurrent", 4, s, e)]))])
+    off = pa.table(
+        {
+            "pid": pa.array([4242], pa.int32()),
+            "tid": pa.array([10], pa.int32()),
+            "start_ns": [s - 30 * MS],
+            "end_ns": [s + 70 * MS],
+            "preempted": pa.array([None], pa.bool_()),
+            "cpu": pa.array([None], pa.int16()),
+            "resolution_ns": [100 * MS],
+            "events": pa.array([4], pa.int32()),
+            "preempted_events": pa.array([3], pa.int32()),
+            "offcpu_ns": [50 * MS],
+        }
+    )
+    got = det.process(
+        [
+            (pb.SPAN, spans(steady(10))),
+            (pb.OFF_CPU, off),
+            (pb.SPAN, spans([(1, 10, "step", "recurrent", 4, s, e)])),
+        ]
+    )
     a = got.to_pylist()[0]
     assert a["offcpu_ns"] == 20 * MS and a["preempted_ns"] == 15 * MS
     assert a["offcpu_sampled"] is True and a["cause"] == "preempted"
@@ -124,17 +160,26 @@ def test_sampled_proc_windows_are_pro_rated_and_flagged():
 
 def test_unexplained_alert_waits_for_late_kernel_events():
     import time as _time
+
     fan, det = detector(hold_s=0.2)
     slow = (1, 10, "step", "recurrent", 4, 1000 * MS, 1000 * MS + 40 * MS)
-    assert det.process([(pb.SPAN, spans(steady(10) + [slow]))]) is None   # held
+    assert det.process([(pb.SPAN, spans(steady(10) + [slow]))]) is None  # held
     assert len(det.pending) == 1
-    off = pa.table({"pid": [4242], "tid": [10], "start_ns": [1005 * MS], "end_ns": [1035 * MS],
-                    "preempted": [False], "cpu": [0]})
-    got = det.process([(pb.OFF_CPU, off)])       # the interval arrives a round later
+    off = pa.table(
+        {
+            "pid": [4242],
+            "tid": [10],
+            "start_ns": [1005 * MS],
+            "end_ns": [1035 * MS],
+            "preempted": [False],
+            "cpu": [0],
+        }
+    )
+    got = det.process([(pb.OFF_CPU, off)])  # the interval arrives a round later
     a = got.to_pylist()[0]
     assert a["cause"] == "blocked" and a["offcpu_ns"] == 30 * MS and not det.pending
     other = (1, 10, "step", "recurrent", 4, 2000 * MS, 2000 * MS + 40 * MS)
     assert det.process([(pb.SPAN, spans([other]))]) is None
     _time.sleep(0.25)
-    got = det.process([])                         # nothing came: sent as unexplained
+    got = det.process([])  # nothing came: sent as unexplained
     assert got.to_pylist()[0]["cause"] == "unexplained" and not det.pending

@@ -13,8 +13,14 @@ GENERATED = ("stallscope_pb2.py", "stallscope_pb2.pyi", "stallscope_pb2_grpc.py"
 
 def _gen(root, *args):
     env = dict(os.environ, PYTHON=sys.executable)
-    return subprocess.run([str(root / "scripts" / "gen_protos.sh"), *args], cwd=root, env=env,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [str(root / "scripts" / "gen_protos.sh"), *args],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_committed_generated_code_is_fresh():
@@ -33,8 +39,11 @@ def test_a_changed_proto_is_caught_and_regenerated(tmp_path):
         shutil.copy2(ROOT / GEN_DIR / name, copy / GEN_DIR / name)
     assert _gen(copy, "--check").returncode == 0
     proto = copy / "protos" / "stallscope" / "api" / "v1" / "stallscope.proto"
-    proto.write_text(proto.read_text().replace(
-        "message GetStatusRequest {}", "message GetStatusRequest { bool verbose = 1; }"))
+    proto.write_text(
+        proto.read_text().replace(
+            "message GetStatusRequest {}", "message GetStatusRequest { bool verbose = 1; }"
+        )
+    )
     out = _gen(copy, "--check")
     assert out.returncode == 1 and "stale" in out.stderr and "stallscope_pb2.py" in out.stderr
     assert _gen(copy, "--if-stale").returncode == 0

@@ -10,8 +10,8 @@ import pytest
 import probe_client
 from apihelpers import start_api_daemon, stop, wait_for
 from stallscope.analysis import access
-from stallscope.api.v1 import stallscope_pb2 as pb
 from stallscope.api.client import ApiError, ApiSource, Client
+from stallscope.api.v1 import stallscope_pb2 as pb
 
 N_STEPS = 600
 
@@ -47,13 +47,19 @@ def _refused(client, sql):
 def test_select_returns_rows_and_params(qd):
     cols, rows = qd.client.query(
         "SELECT stage, count(*) AS n FROM spans WHERE batch >= ? GROUP BY stage ORDER BY stage",
-        params=[2])
+        params=[2],
+    )
     assert cols == ["stage", "n"]
     assert rows == [("coda", 100), ("prefill", 100), ("recurrent", 100)]
     # the same through protobuf rows (any gRPC client)
-    msgs = list(qd.client.stub.Query(pb.QueryRequest(
-        sql="SELECT seq, stage, batch, NULL AS nothing, [1, 2] AS l FROM spans "
-            "ORDER BY seq LIMIT 3")))
+    msgs = list(
+        qd.client.stub.Query(
+            pb.QueryRequest(
+                sql="SELECT seq, stage, batch, NULL AS nothing, [1, 2] AS l FROM spans "
+                "ORDER BY seq LIMIT 3"
+            )
+        )
+    )
     assert [c.name for c in msgs[0].columns] == ["seq", "stage", "batch", "nothing", "l"]
     assert msgs[0].columns[0].type == "BIGINT"
     rows = [r for m in msgs for r in m.rows]
@@ -68,16 +74,18 @@ def test_row_limit_cuts_and_says_so(qd):
     assert table.num_rows == 250 and truncated
     table, _, truncated = qd.client.query_arrow("SELECT * FROM spans", limit=N_STEPS)
     assert table.num_rows == N_STEPS and not truncated
-    msgs = list(qd.client.stub.Query(pb.QueryRequest(sql="SELECT * FROM range(100000)",
-                                                    max_rows=50_000, batch_rows=1000)))
+    msgs = list(
+        qd.client.stub.Query(
+            pb.QueryRequest(sql="SELECT * FROM range(100000)", max_rows=50_000, batch_rows=1000)
+        )
+    )
     assert sum(len(m.rows) for m in msgs) == 50_000 and msgs[-1].truncated
     assert max(len(m.rows) for m in msgs) <= 1000
 
 
 def test_time_limit_interrupts(qd):
     with pytest.raises(ApiError) as info:
-        qd.client.query("SELECT count(*) FROM range(100000000000) a, range(1000) b",
-                        timeout_ms=300)
+        qd.client.query("SELECT count(*) FROM range(100000000000) a, range(1000) b", timeout_ms=300)
     assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT
     assert "time limit" in str(info.value)
     # the daemon answers the next query as usual
@@ -119,8 +127,9 @@ def test_escape_refused(qd, name):
     assert os.listdir(qd.outside) == []
     _, rows = qd.client.query("SELECT count(*), sum(batch) FROM spans")
     assert rows == [(N_STEPS, sum(i % 4 for i in range(N_STEPS)))]
-    tables = qd.client.query("SELECT table_name FROM information_schema.tables "
-                             "WHERE table_name = 'evil'")[1]
+    tables = qd.client.query(
+        "SELECT table_name FROM information_schema.tables WHERE table_name = 'evil'"
+    )[1]
     assert tables == []
 
 
@@ -151,24 +160,61 @@ def test_access_uses_the_api_when_the_daemon_holds_the_file(qd):
 
 def test_stallscope_query_cli_goes_through_the_daemon(qd):
     out = subprocess.run(
-        [sys.executable, "-m", "stallscope.cli", "query", "--db", qd.db, "--api-socket",
-         qd.api_socket, "--format", "csv",
-         "SELECT stage, count(*) AS n FROM spans GROUP BY 1 ORDER BY 1"],
-        capture_output=True, text=True, timeout=60)
+        [
+            sys.executable,
+            "-m",
+            "stallscope.cli",
+            "query",
+            "--db",
+            qd.db,
+            "--api-socket",
+            qd.api_socket,
+            "--format",
+            "csv",
+            "SELECT stage, count(*) AS n FROM spans GROUP BY 1 ORDER BY 1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == ["stage,n", "coda,200", "prefill,200", "recurrent,200"]
     bad = subprocess.run(
-        [sys.executable, "-m", "stallscope.cli", "query", "--db", qd.db, "--api-socket",
-         qd.api_socket, "COPY spans TO '/tmp/x.csv'"], capture_output=True, text=True,
-        timeout=60)
+        [
+            sys.executable,
+            "-m",
+            "stallscope.cli",
+            "query",
+            "--db",
+            qd.db,
+            "--api-socket",
+            qd.api_socket,
+            "COPY spans TO '/tmp/x.csv'",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert bad.returncode == 2 and bad.stderr.startswith("error: ") and "COPY" in bad.stderr
     assert "Traceback" not in bad.stderr
 
 
 def test_stallscope_status_cli_goes_through_the_daemon(qd):
-    out = subprocess.run([sys.executable, "-m", "stallscope.cli", "status", "--db", qd.db,
-                          "--api-socket", qd.api_socket], capture_output=True, text=True,
-                         timeout=60)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "stallscope.cli",
+            "status",
+            "--db",
+            qd.db,
+            "--api-socket",
+            qd.api_socket,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     assert "## Runs" in out.stdout and "## Probes" in out.stdout
     assert "disabled by configuration" in out.stdout
@@ -179,10 +225,10 @@ def test_status_and_runs(qd):
     assert st.db_path == qd.db and st.db_bytes > 0
     assert st.daemon_pid == qd.proc.pid
     assert st.records_received >= N_STEPS and st.rows_written >= N_STEPS
-    assert {p.probe: p.state for p in st.probes} == {"sched": "unavailable",
-                                                    "gpu": "unavailable"}
+    assert {p.probe: p.state for p in st.probes} == {"sched": "unavailable", "gpu": "unavailable"}
     assert all(p.detail for p in st.probes)
     runs = qd.client.runs()
     assert [(r.label, r.pid, r.records, r.live) for r in runs] == [
-        ("q", os.getpid(), N_STEPS, False)]
+        ("q", os.getpid(), N_STEPS, False)
+    ]
     assert qd.client.runs(live_only=True) == []

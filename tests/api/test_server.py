@@ -24,8 +24,11 @@ def test_unix_socket_is_0660_and_serves_health_and_reflection(api_daemon, client
         reply = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
         assert reply.status == health_pb2.HealthCheckResponse.SERVING
     refl = reflection_pb2_grpc.ServerReflectionStub(client.channel)
-    answers = list(refl.ServerReflectionInfo(
-        iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=5))
+    answers = list(
+        refl.ServerReflectionInfo(
+            iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=5
+        )
+    )
     names = {s.name for s in answers[0].list_services_response.service}
     assert {"stallscope.v1.Stallscope", "grpc.health.v1.Health"} <= names
     stop(api_daemon)
@@ -46,7 +49,8 @@ def test_tcp_without_tls_is_refused(tmp_path):
     assert "refusing to serve the API on TCP 127.0.0.1:0 without TLS" in log
     assert "--tls-cert" in log and "Traceback" not in log
     rc, log = _run_daemon_expecting_refusal(
-        tmp_path, ["--grpc-listen", "127.0.0.1:0", "--tls-cert", str(tmp_path / "c.pem")])
+        tmp_path, ["--grpc-listen", "127.0.0.1:0", "--tls-cert", str(tmp_path / "c.pem")]
+    )
     assert rc == 2 and "without TLS" in log
 
 
@@ -60,19 +64,74 @@ def pki(tmp_path_factory):
     if shutil.which("openssl") is None:
         pytest.skip("needs the openssl command to make test certificates")
     d = tmp_path_factory.mktemp("pki")
-    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
-             "-subj", "/CN=stallscope test CA", "-keyout", "ca.key", "-out", "ca.pem", cwd=d)
+    _openssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=stallscope test CA",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+        cwd=d,
+    )
     (d / "san.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
     for name in ("server", "client"):
-        _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}",
-                 "-keyout", f"{name}.key", "-out", f"{name}.csr", cwd=d)
-        _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
-                 "-CAcreateserial", "-days", "2", "-extfile", "san.ext",
-                 "-out", f"{name}.pem", cwd=d)
+        _openssl(
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-subj",
+            f"/CN={name}",
+            "-keyout",
+            f"{name}.key",
+            "-out",
+            f"{name}.csr",
+            cwd=d,
+        )
+        _openssl(
+            "x509",
+            "-req",
+            "-in",
+            f"{name}.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-extfile",
+            "san.ext",
+            "-out",
+            f"{name}.pem",
+            cwd=d,
+        )
     # and a self-signed server certificate, no CA at all
-    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
-             "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1",
-             "-keyout", "self.key", "-out", "self.pem", cwd=d)
+    _openssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=localhost",
+        "-addext",
+        "subjectAltName=IP:127.0.0.1",
+        "-keyout",
+        "self.key",
+        "-out",
+        "self.pem",
+        cwd=d,
+    )
     return d
 
 
@@ -83,9 +142,17 @@ def _tcp_port(d):
 
 
 def test_tls_with_a_self_signed_certificate(tmp_path, pki):
-    d = start_api_daemon(tmp_path, ["--grpc-listen", "127.0.0.1:0",
-                                    "--tls-cert", str(pki / "self.pem"),
-                                    "--tls-key", str(pki / "self.key")])
+    d = start_api_daemon(
+        tmp_path,
+        [
+            "--grpc-listen",
+            "127.0.0.1:0",
+            "--tls-cert",
+            str(pki / "self.pem"),
+            "--tls-key",
+            str(pki / "self.key"),
+        ],
+    )
     try:
         target = f"127.0.0.1:{_tcp_port(d)}"
         c = Client(target=target, tls_ca=str(pki / "self.pem"))
@@ -108,18 +175,31 @@ def test_tls_with_a_self_signed_certificate(tmp_path, pki):
 
 
 def test_mutual_tls_requires_a_client_certificate(tmp_path, pki):
-    d = start_api_daemon(tmp_path, ["--grpc-listen", "127.0.0.1:0",
-                                    "--tls-cert", str(pki / "server.pem"),
-                                    "--tls-key", str(pki / "server.key"),
-                                    "--tls-client-ca", str(pki / "ca.pem")])
+    d = start_api_daemon(
+        tmp_path,
+        [
+            "--grpc-listen",
+            "127.0.0.1:0",
+            "--tls-cert",
+            str(pki / "server.pem"),
+            "--tls-key",
+            str(pki / "server.key"),
+            "--tls-client-ca",
+            str(pki / "ca.pem"),
+        ],
+    )
     try:
         target = f"127.0.0.1:{_tcp_port(d)}"
         anonymous = Client(target=target, tls_ca=str(pki / "ca.pem"))
         with pytest.raises(ApiError):
             anonymous.status()
         anonymous.close()
-        c = Client(target=target, tls_ca=str(pki / "ca.pem"), tls_cert=str(pki / "client.pem"),
-                   tls_key=str(pki / "client.key"))
+        c = Client(
+            target=target,
+            tls_ca=str(pki / "ca.pem"),
+            tls_cert=str(pki / "client.pem"),
+            tls_key=str(pki / "client.key"),
+        )
         assert c.status().daemon_pid == d.proc.pid
         c.close()
     finally:
@@ -127,8 +207,20 @@ def test_mutual_tls_requires_a_client_certificate(tmp_path, pki):
 
 
 def test_top_without_a_daemon_says_so(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "stallscope.cli", "top", "--api-socket",
-                          str(tmp_path / "none.sock"), "--duration", "1"],
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "stallscope.cli",
+            "top",
+            "--api-socket",
+            str(tmp_path / "none.sock"),
+            "--duration",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 2
     assert out.stderr.startswith("error: ") and "Traceback" not in out.stderr

@@ -12,8 +12,8 @@ import grpc
 
 import probe_client
 from apihelpers import api_daemon, client, stop, wait_for  # noqa: F401 (fixtures)
-from stallscope.api.v1 import stallscope_pb2 as pb
 from stallscope.api.client import Client
+from stallscope.api.v1 import stallscope_pb2 as pb
 
 
 class Collector:
@@ -73,11 +73,11 @@ def test_probe_events_reach_a_subscriber(api_daemon, client):
     col.close()
     spans = col.of("span")
     assert len(spans) == n
-    assert sorted(s.seq for s in spans if s.kind == "step") == sorted(
-        s.seq for s in spans)
+    assert sorted(s.seq for s in spans if s.kind == "step") == sorted(s.seq for s in spans)
     assert {s.pid for s in spans} == {os.getpid()}
-    assert [(s.stage, s.batch) for s in sorted(spans, key=lambda s: s.seq)] == \
-        [(("prefill", "recurrent")[i % 2], i % 5) for i in range(n)]
+    assert [(s.stage, s.batch) for s in sorted(spans, key=lambda s: s.seq)] == [
+        (("prefill", "recurrent")[i % 2], i % 5) for i in range(n)
+    ]
     assert all(s.duration_ns == s.end_ns - s.start_ns >= 0 for s in spans)
     gens = [g.generation for g in col.of("gc_pass")]
     assert 0 in gens and 2 in gens
@@ -102,8 +102,12 @@ CHILD = textwrap.dedent("""
 
 
 def test_filters_hold(api_daemon, client):
-    child = subprocess.Popen([sys.executable, "-c", CHILD, api_daemon.socket],
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, api_daemon.socket],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert child.stdout.readline().strip() == "ready"
         a = probe_client.connect(socket_path=api_daemon.socket, run_label="a", gc=False)
@@ -114,8 +118,7 @@ def test_filters_hold(api_daemon, client):
         by_run = Collector(client.events(run_ids=[run_a]))
         by_pid = Collector(client.events(pids=[child.pid]))
         gc_only = Collector(client.events(kinds=[pb.GC_PASS]))
-        long_submits = Collector(client.events(span_kinds=["submit"],
-                                               min_duration_ns=5_000_000))
+        long_submits = Collector(client.events(span_kinds=["submit"], min_duration_ns=5_000_000))
         assert wait_for(lambda: client.status().subscribers >= 4)
         assert check()
         for i in range(40):
@@ -135,21 +138,27 @@ def test_filters_hold(api_daemon, client):
         gc.collect(1)
         probe_gc.close()
 
-        assert wait_for(lambda: len(by_pid.of("span")) >= 50 and len(by_run.of("span")) >= 80
-                        and len(long_submits.of("span")) >= 40 and gc_only.of("gc_pass"))
-        time.sleep(0.5)   # anything that should not arrive has had time to
+        assert wait_for(
+            lambda: (
+                len(by_pid.of("span")) >= 50
+                and len(by_run.of("span")) >= 80
+                and len(long_submits.of("span")) >= 40
+                and gc_only.of("gc_pass")
+            )
+        )
+        time.sleep(0.5)  # anything that should not arrive has had time to
         for col in (by_run, by_pid, gc_only, long_submits):
             col.close()
             assert col.error is None
         assert {s.run_id for s in by_run.of("span")} == {run_a}
-        assert len(by_run.of("span")) == 80          # 40 steps + 40 submits of run a
+        assert len(by_run.of("span")) == 80  # 40 steps + 40 submits of run a
         assert {s.pid for s in by_pid.of("span")} == {child.pid}
         assert {s.stage for s in by_pid.of("span")} == {"child"}
         assert len(by_pid.of("span")) == 50
         assert not gc_only.of("span") and gc_only.of("gc_pass")
         assert {e.WhichOneof("payload") for e in gc_only.events} == {"gc_pass"}
         subs = long_submits.of("span")
-        assert len(subs) == 40                        # 20 long submits from each of a and b
+        assert len(subs) == 40  # 20 long submits from each of a and b
         assert all(s.kind == "submit" and s.duration_ns >= 5_000_000 for s in subs)
     finally:
         child.kill()
@@ -178,7 +187,7 @@ def test_stalled_subscriber_loses_events_and_is_told(api_daemon, client):
         t0 = probe.begin()
         probe.end("step", t0, stage="load", batch=i % 8)
         if i % 200 == 199:
-            time.sleep(0.01)   # ~20k records/s: well inside what ingest takes
+            time.sleep(0.01)  # ~20k records/s: well inside what ingest takes
     probe.close()
     # What the client managed to send (drops in the client's own socket, if the
     # machine is very busy, are the client's and stored as losses): the fast
@@ -228,7 +237,7 @@ def test_stall_alert_carries_gc_overlap(api_daemon, client):
     col = Collector(client.events(kinds=[pb.STALL_ALERT]))
     assert wait_for(check)
     probe = probe_client.connect(socket_path=api_daemon.socket, run_label="alert", gc=True)
-    gc.disable()   # only the collection we start may run inside a step
+    gc.disable()  # only the collection we start may run inside a step
     try:
         for _ in range(30):
             t0 = probe.begin()

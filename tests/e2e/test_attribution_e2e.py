@@ -35,17 +35,43 @@ def _bcc_ok():
 @pytest.fixture(scope="module")
 def traced_run(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("e2e")
-    require_privileged(is_root() and _bcc_ok(),
-                       "requires root, bcc (python3-bpfcc) and tracefs: run make test as root")
+    require_privileged(
+        is_root() and _bcc_ok(),
+        "requires root, bcc (python3-bpfcc) and tracefs: run make test as root",
+    )
     daemon = DaemonProcess(tmp_path, sched_backend="bcc").start()
     log = tmp_path / "injected.jsonl"
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
     try:
         subprocess.run(
-            [sys.executable, "-m", "stallscope.demo.scenario", daemon.socket, "--duration", "30",
-             "--warmup", "2", "--rate", "2", "--heap-objects", "300000", "--label", "inject",
-             "--inject", ",".join(CAUSES), "--inject-every", "20", "--inject-ms", "25",
-             "--inject-log", str(log)], check=True, env=env, timeout=240)
+            [
+                sys.executable,
+                "-m",
+                "stallscope.demo.scenario",
+                daemon.socket,
+                "--duration",
+                "30",
+                "--warmup",
+                "2",
+                "--rate",
+                "2",
+                "--heap-objects",
+                "300000",
+                "--label",
+                "inject",
+                "--inject",
+                ",".join(CAUSES),
+                "--inject-every",
+                "20",
+                "--inject-ms",
+                "25",
+                "--inject-log",
+                str(log),
+            ],
+            check=True,
+            env=env,
+            timeout=240,
+        )
     finally:
         rc, _ = daemon.stop()
     assert rc == 0
@@ -66,7 +92,8 @@ def test_injected_causes_are_recovered(traced_run):
     starts = [s[0] for s in steps]
 
     import bisect
-    truth = {}   # step start_ns -> injected cause label
+
+    truth = {}  # step start_ns -> injected cause label
     for inj in injected:
         i = bisect.bisect_right(starts, inj["start_ns"]) - 1
         assert i >= 0

@@ -57,8 +57,9 @@ def main(argv):
         if sock is None:
             break
         try:
-            queued = struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ,
-                                                    b"\0\0\0\0"))[0]
+            queued = struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0"))[
+                0
+            ]
         except OSError:
             break
         if queued == 0 and probe.stats()["next_seq"] == probe._seq:
@@ -66,10 +67,14 @@ def main(argv):
     probe.close()
     step_ns.sort()
     stats = probe.stats()
-    stats.update(pid=os.getpid(), steps=steps, made=made,
-                 step_max_ns=step_ns[-1] if step_ns else 0,
-                 step_p99_ns=step_ns[int(len(step_ns) * 0.99)] if step_ns else 0,
-                 step_p50_ns=step_ns[len(step_ns) // 2] if step_ns else 0)
+    stats.update(
+        pid=os.getpid(),
+        steps=steps,
+        made=made,
+        step_max_ns=step_ns[-1] if step_ns else 0,
+        step_p99_ns=step_ns[int(len(step_ns) * 0.99)] if step_ns else 0,
+        step_p50_ns=step_ns[len(step_ns) // 2] if step_ns else 0,
+    )
     print(json.dumps(stats), flush=True)
 
 

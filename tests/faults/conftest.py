@@ -19,7 +19,8 @@ import pytest
 # this file is also imported under the name `conftest`: offer the same names
 # (from tests/conftest.py) so that collection order does not matter.
 _spec = importlib.util.spec_from_file_location(
-    "_stallscope_tests_conftest", os.path.join(os.path.dirname(__file__), "..", "conftest.py"))
+    "_stallscope_tests_conftest", os.path.join(os.path.dirname(__file__), "..", "conftest.py")
+)
 _shared = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_shared)
 REQUIRE_PRIVILEGED = _shared.REQUIRE_PRIVILEGED
@@ -30,8 +31,12 @@ _FIGURES = []
 
 
 def pytest_addoption(parser):
-    parser.addoption("--full", action="store_true", default=False,
-                     help="run the fault suite at full size (1 M fuzz inputs, 32 clients x 60 s)")
+    parser.addoption(
+        "--full",
+        action="store_true",
+        default=False,
+        help="run the fault suite at full size (1 M fuzz inputs, 32 clients x 60 s)",
+    )
 
 
 def pytest_configure(config):
@@ -39,8 +44,10 @@ def pytest_configure(config):
 
 
 def is_full(config):
-    return bool(config.getoption("--full", default=False)) or \
-        os.environ.get("STALLSCOPE_FULL_FAULTS") == "1"
+    return (
+        bool(config.getoption("--full", default=False))
+        or os.environ.get("STALLSCOPE_FULL_FAULTS") == "1"
+    )
 
 
 @pytest.fixture(scope="session")
@@ -54,8 +61,12 @@ def figures(request, full):
     figs = {}
     yield figs
     if figs:
-        entry = {"test": request.node.name, "size": "full" if full else "ci",
-                 "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **figs}
+        entry = {
+            "test": request.node.name,
+            "size": "full" if full else "ci",
+            "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            **figs,
+        }
         _FIGURES.append(entry)
         path = os.environ.get("STALLSCOPE_FAULTS_FIGURES")
         if path:

@@ -19,29 +19,87 @@ from collections import Counter
 from probe_client import wire
 
 SEQ_LIMIT = 1 << 62
-MAX_DATAGRAM = wire.HEADER_SIZE + wire.HELLO_MAX   # what the daemon reads at once
+MAX_DATAGRAM = wire.HEADER_SIZE + wire.HELLO_MAX  # what the daemon reads at once
 _HDR = wire.HEADER.pack
 _REC = wire.RECORD.pack
 _STR = wire.STRING_RECORD.pack
 
-_WEIRD = [None, True, False, -1, 0, 2 ** 31, 2 ** 70, -(2 ** 70), 1.5, float("inf"),
-          float("-inf"), float("nan"), 1e308, "x", "12", "", "é\u0000\u2028", [], {},
-          ["a", 2 ** 40, None, 1e300], {"k": [1, 2]}, [[[]]]]
-_FIELDS = ["pid", "tid", "label", "argv", "python", "implementation", "free_threaded",
-           "gc_threshold", "gc_count", "freeze_count", "gc_enabled", "realtime_ns",
-           "monotonic_ns", "gc_callback", "extra"]
+_WEIRD = [
+    None,
+    True,
+    False,
+    -1,
+    0,
+    2**31,
+    2**70,
+    -(2**70),
+    1.5,
+    float("inf"),
+    float("-inf"),
+    float("nan"),
+    1e308,
+    "x",
+    "12",
+    "",
+    "é\u0000\u2028",
+    [],
+    {},
+    ["a", 2**40, None, 1e300],
+    {"k": [1, 2]},
+    [[[]]],
+]
+_FIELDS = [
+    "pid",
+    "tid",
+    "label",
+    "argv",
+    "python",
+    "implementation",
+    "free_threaded",
+    "gc_threshold",
+    "gc_count",
+    "freeze_count",
+    "gc_enabled",
+    "realtime_ns",
+    "monotonic_ns",
+    "gc_callback",
+    "extra",
+]
 _BAD_HELLOS = [
-    b"{", b"[1, 2]", b'"str"', b"5", b"null", b"", b'{"run_token": "abc"}',
-    b'{"run_token": [1]}', b'{"run_token": {}}', b'{"run_token": Infinity}',
-    b'{"run_token": -Infinity}', b'{"run_token": NaN}', b'{"run_token": 1e400}',
-    b'{"run_token": 1', b"[" * 3000 + b"]" * 3000, b'{"a":' * 2000,
-    b"\xff\xfe{}", b'{"label": "\xc3"}', b'{"run_token": 1' + b"0" * 5000 + b"}",
+    b"{",
+    b"[1, 2]",
+    b'"str"',
+    b"5",
+    b"null",
+    b"",
+    b'{"run_token": "abc"}',
+    b'{"run_token": [1]}',
+    b'{"run_token": {}}',
+    b'{"run_token": Infinity}',
+    b'{"run_token": -Infinity}',
+    b'{"run_token": NaN}',
+    b'{"run_token": 1e400}',
+    b'{"run_token": 1',
+    b"[" * 3000 + b"]" * 3000,
+    b'{"a":' * 2000,
+    b"\xff\xfe{}",
+    b'{"label": "\xc3"}',
+    b'{"run_token": 1' + b"0" * 5000 + b"}",
 ]
 
 
 class ModelRun:
-    __slots__ = ("run_id", "expected", "stored", "lost", "names_len", "pending",
-                 "connections", "token", "pid")
+    __slots__ = (
+        "run_id",
+        "expected",
+        "stored",
+        "lost",
+        "names_len",
+        "pending",
+        "connections",
+        "token",
+        "pid",
+    )
 
     def __init__(self, run_id, token, pid, first_seq):
         self.run_id = run_id
@@ -51,7 +109,7 @@ class ModelRun:
         self.stored = 0
         self.lost = first_seq
         self.names_len = 1
-        self.pending = []     # (kind_id, stage_id) of spans awaiting decode
+        self.pending = []  # (kind_id, stage_id) of spans awaiting decode
         self.connections = 1
 
 
@@ -62,12 +120,12 @@ class Fuzzer:
     def __init__(self, seed, live=False):
         self.rng = random.Random(seed)
         self.live = live
-        self.expected = Counter()      # reason -> count the daemon must report
-        self.runs = []                 # ModelRun, in run_id order
-        self.by_token = {}             # (token, pid) -> ModelRun
+        self.expected = Counter()  # reason -> count the daemon must report
+        self.runs = []  # ModelRun, in run_id order
+        self.by_token = {}  # (token, pid) -> ModelRun
         self.next_run_id = 1
         self.datagrams = 0
-        self.kinds = Counter()         # what was generated, for the figures
+        self.kinds = Counter()  # what was generated, for the figures
 
     # ----- the model's decode step (call when the ingest decodes) -------------------
     def decode(self):
@@ -91,15 +149,40 @@ class Fuzzer:
         for _ in range(n):
             if run is None:
                 kind = rng.choices(
-                    ["short", "magic", "version", "badkind", "nohello_rec", "nohello_bye",
-                     "badhello", "hello_seq", "hello"],
-                    [3, 3, 3, 3, 3, 1, 4, 1, 12])[0]
+                    [
+                        "short",
+                        "magic",
+                        "version",
+                        "badkind",
+                        "nohello_rec",
+                        "nohello_bye",
+                        "badhello",
+                        "hello_seq",
+                        "hello",
+                    ],
+                    [3, 3, 3, 3, 3, 1, 4, 1, 12],
+                )[0]
             else:
                 kind = rng.choices(
-                    ["short", "magic", "version", "badkind", "duphello", "rsize", "lenlie",
-                     "huge", "regress", "seqrange", "empty", "records", "gap", "strings",
-                     "bye"],
-                    [2, 2, 2, 2, 2, 2, 3, 1, 3, 1, 1, 25, 4, 0 if self.live else 3, 1])[0]
+                    [
+                        "short",
+                        "magic",
+                        "version",
+                        "badkind",
+                        "duphello",
+                        "rsize",
+                        "lenlie",
+                        "huge",
+                        "regress",
+                        "seqrange",
+                        "empty",
+                        "records",
+                        "gap",
+                        "strings",
+                        "bye",
+                    ],
+                    [2, 2, 2, 2, 2, 2, 3, 1, 3, 1, 1, 25, 4, 0 if self.live else 3, 1],
+                )[0]
             if self.live and run is not None and not names_sent:
                 # Over a socket the decode times are unknown: the names come
                 # right after the hello and never change, as a client does.
@@ -114,10 +197,28 @@ class Fuzzer:
                 return out, run, True
         return out, run, False
 
-    def _hdr(self, kind, count=0, first_seq=0, rsize=wire.RECORD_SIZE, magic=wire.MAGIC,
-             version=wire.VERSION, drops_full=0, drops_disc=0):
-        return _HDR(magic, version, kind, count, rsize, first_seq,
-                    self.rng.getrandbits(64), drops_full, drops_disc)
+    def _hdr(
+        self,
+        kind,
+        count=0,
+        first_seq=0,
+        rsize=wire.RECORD_SIZE,
+        magic=wire.MAGIC,
+        version=wire.VERSION,
+        drops_full=0,
+        drops_disc=0,
+    ):
+        return _HDR(
+            magic,
+            version,
+            kind,
+            count,
+            rsize,
+            first_seq,
+            self.rng.getrandbits(64),
+            drops_full,
+            drops_disc,
+        )
 
     def _k_short(self, pid, run):
         self.expected["short_datagram"] += 1
@@ -130,8 +231,11 @@ class Fuzzer:
         if magic == wire.MAGIC:
             magic = 0
         tail = self.rng.randbytes(self.rng.randint(0, 200))
-        return _HDR(magic, *[self.rng.getrandbits(b) for b in (8, 8, 16, 16, 64, 64, 32, 32)]) \
-            + tail, run, False
+        return (
+            _HDR(magic, *[self.rng.getrandbits(b) for b in (8, 8, 16, 16, 64, 64, 32, 32)]) + tail,
+            run,
+            False,
+        )
 
     def _k_version(self, pid, run):
         self.expected["bad_version"] += 1
@@ -169,17 +273,19 @@ class Fuzzer:
         if not self.live and self.by_token and rng.random() < 0.2:
             token, tpid = rng.choice(list(self.by_token))
             if rng.random() < 0.5:
-                tpid = pid   # same token from another pid: must be a new run
+                tpid = pid  # same token from another pid: must be a new run
             info["run_token"] = token
             resume = self.by_token.get((token, pid))
         elif rng.random() < 0.15:
-            pass          # no token: always a new run
+            pass  # no token: always a new run
         else:
             info["run_token"] = rng.choice([0, rng.getrandbits(63) or 1])
         token = info.get("run_token", 0)
         first_seq = 0 if rng.random() < 0.7 else rng.randint(1, 5000)
-        data = self._hdr(wire.DGRAM_HELLO, first_seq=first_seq) + \
-            json.dumps(info).encode()[: wire.HELLO_MAX]
+        data = (
+            self._hdr(wire.DGRAM_HELLO, first_seq=first_seq)
+            + json.dumps(info).encode()[: wire.HELLO_MAX]
+        )
         if resume is not None:
             run = resume
             if first_seq > run.expected:
@@ -203,8 +309,12 @@ class Fuzzer:
         self.expected["bad_record_size"] += 1
         rs = self.rng.choice([0, 16, 31, 33, 64, 65535])
         c = self.rng.randint(1, 4)
-        return self._hdr(wire.DGRAM_RECORDS, count=c, first_seq=run.expected, rsize=rs) \
-            + bytes(32 * c), run, False
+        return (
+            self._hdr(wire.DGRAM_RECORDS, count=c, first_seq=run.expected, rsize=rs)
+            + bytes(32 * c),
+            run,
+            False,
+        )
 
     def _k_lenlie(self, pid, run):
         self.expected["length_mismatch"] += 1
@@ -212,18 +322,22 @@ class Fuzzer:
         actual = self.rng.choice([c - 1, c + 1, 0, self.rng.randint(0, 127)])
         if actual == c:
             actual = c + 1
-        body = self._make_records(actual)[0] + (b"\x01" * self.rng.randint(1, 31)
-                                           if self.rng.random() < 0.3 else b"")
+        body = self._make_records(actual)[0] + (
+            b"\x01" * self.rng.randint(1, 31) if self.rng.random() < 0.3 else b""
+        )
         if len(body) == 32 * c:
             body += b"\x00"
-        return self._hdr(wire.DGRAM_RECORDS, count=c, first_seq=run.expected) + body, \
-            run, False
+        return self._hdr(wire.DGRAM_RECORDS, count=c, first_seq=run.expected) + body, run, False
 
     def _k_huge(self, pid, run):
         self.expected["length_mismatch"] += 1
         c = self.rng.choice([0xFFFF, 0x8000, 4096, 512])
-        return self._hdr(wire.DGRAM_RECORDS, count=c, first_seq=run.expected) \
-            + self._make_records(self.rng.randint(1, 127))[0], run, False
+        return (
+            self._hdr(wire.DGRAM_RECORDS, count=c, first_seq=run.expected)
+            + self._make_records(self.rng.randint(1, 127))[0],
+            run,
+            False,
+        )
 
     def _k_regress(self, pid, run):
         c = self.rng.randint(1, 20)
@@ -238,12 +352,18 @@ class Fuzzer:
         self.expected["seq_out_of_range"] += 1
         c = self.rng.randint(1, 20)
         seq = self.rng.randint(SEQ_LIMIT, (1 << 64) - 1)
-        return self._hdr(wire.DGRAM_RECORDS, count=c, first_seq=seq) + self._make_records(c)[0], \
-            run, False
+        return (
+            self._hdr(wire.DGRAM_RECORDS, count=c, first_seq=seq) + self._make_records(c)[0],
+            run,
+            False,
+        )
 
     def _k_empty(self, pid, run):
-        return self._hdr(wire.DGRAM_RECORDS, count=0, first_seq=self.rng.getrandbits(64)), \
-            run, False
+        return (
+            self._hdr(wire.DGRAM_RECORDS, count=0, first_seq=self.rng.getrandbits(64)),
+            run,
+            False,
+        )
 
     def _make_records(self, c, strings_ok=False):
         """c random records; returns (bytes, list of (type, a, b, c, d)).
@@ -259,15 +379,13 @@ class Fuzzer:
                 end = start + bits(20) if rnd() < 0.9 else start - 1 - bits(20)
                 kid = bits(4) if rnd() < 0.95 else bits(16)
                 sid = bits(4) if rnd() < 0.95 else bits(32)
-                parts.append(_REC(wire.REC_SPAN, bits(8), kid, bits(32), start, end, sid,
-                                  bits(32)))
+                parts.append(_REC(wire.REC_SPAN, bits(8), kid, bits(32), start, end, sid, bits(32)))
                 recs.append((wire.REC_SPAN, start, end, kid, sid))
             elif r < 0.8:
                 gen = bits(2) if rnd() < 0.9 else 3 + bits(7)
                 start = (1 << 40) + bits(61)
                 end = start + bits(20) if rnd() < 0.9 else start - 1 - bits(20)
-                parts.append(_REC(wire.REC_GC, gen, 0, bits(32), start, end, bits(32),
-                                  bits(32)))
+                parts.append(_REC(wire.REC_GC, gen, 0, bits(32), start, end, bits(32), bits(32)))
                 recs.append((wire.REC_GC, start, end, gen, 0))
             elif r < 0.88 and strings_ok:
                 sid = bits(5) if rnd() < 0.995 else bits(16)
@@ -281,14 +399,23 @@ class Fuzzer:
 
     def _records_dgram(self, pid, run, gap):
         # Mostly short datagrams (more datagrams per second of fuzzing), some full.
-        c = 1 + self.rng.getrandbits(3) if self.rng.random() < 0.85 \
+        c = (
+            1 + self.rng.getrandbits(3)
+            if self.rng.random() < 0.85
             else self.rng.randint(1, wire.MAX_RECORDS)
+        )
         body, recs = self._make_records(c, strings_ok=not self.live)
         first_seq = run.expected + gap
         self._apply(run, first_seq, recs)
         df, dd = self.rng.getrandbits(32), self.rng.getrandbits(32)
-        return self._hdr(wire.DGRAM_RECORDS, count=c, first_seq=first_seq, drops_full=df,
-                         drops_disc=dd) + body, run, False
+        return (
+            self._hdr(
+                wire.DGRAM_RECORDS, count=c, first_seq=first_seq, drops_full=df, drops_disc=dd
+            )
+            + body,
+            run,
+            False,
+        )
 
     def _apply(self, run, first_seq, recs):
         if first_seq > run.expected:
@@ -331,8 +458,11 @@ class Fuzzer:
             parts.append(_STR(wire.REC_STRING, 0, sid, 0, rng.randbytes(rng.randint(0, 24))))
             recs.append((wire.REC_STRING, sid, 0, 0, 0))
         self._apply(run, run.expected, recs)
-        return self._hdr(wire.DGRAM_RECORDS, count=c, first_seq=run.expected) \
-            + b"".join(parts), run, False
+        return (
+            self._hdr(wire.DGRAM_RECORDS, count=c, first_seq=run.expected) + b"".join(parts),
+            run,
+            False,
+        )
 
     def _k_bye(self, pid, run):
         gap = 0 if self.rng.random() < 0.6 else self.rng.randint(1, 100)
@@ -343,7 +473,8 @@ class Fuzzer:
 
     # ----- totals ------------------------------------------------------------------
     def totals(self):
-        return {"stored": sum(r.stored for r in self.runs),
-                "lost": sum(r.lost for r in self.runs),
-                "made": sum(r.expected for r in self.runs)}
-
+        return {
+            "stored": sum(r.stored for r in self.runs),
+            "lost": sum(r.lost for r in self.runs),
+            "made": sum(r.expected for r in self.runs),
+        }

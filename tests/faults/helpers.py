@@ -39,21 +39,36 @@ def reconcile(daemon, stats):
     database (the daemon must be stopped), next to what the client made."""
     rows = []
     for st in stats:
-        runs = daemon.query("SELECT run_id, connections FROM runs WHERE client_token = ? "
-                            "AND pid = ?", [st["run_token"], st["pid"]])
+        runs = daemon.query(
+            "SELECT run_id, connections FROM runs WHERE client_token = ? AND pid = ?",
+            [st["run_token"], st["pid"]],
+        )
         assert len(runs) == 1, (st, runs)
         run_id, connections = runs[0]
         stored = daemon.scalar(
             "SELECT (SELECT count(*) FROM spans WHERE run_id = $1) + "
-            "(SELECT count(*) FROM gc_events WHERE run_id = $1)", [run_id])
-        lost = daemon.scalar("SELECT coalesce(sum(count), 0)::BIGINT FROM losses "
-                             "WHERE run_id = ?", [run_id])
-        dup = daemon.scalar("SELECT count(*) - count(DISTINCT seq) FROM spans "
-                            "WHERE run_id = ?", [run_id])
-        rows.append({"run_id": run_id, "made": st["next_seq"], "sent": st["sent_records"],
-                     "stored": stored, "lost": lost, "duplicates": dup,
-                     "connections": connections, "drops_full": st["drops_full"],
-                     "drops_disconnected": st["drops_disconnected"]})
+            "(SELECT count(*) FROM gc_events WHERE run_id = $1)",
+            [run_id],
+        )
+        lost = daemon.scalar(
+            "SELECT coalesce(sum(count), 0)::BIGINT FROM losses WHERE run_id = ?", [run_id]
+        )
+        dup = daemon.scalar(
+            "SELECT count(*) - count(DISTINCT seq) FROM spans WHERE run_id = ?", [run_id]
+        )
+        rows.append(
+            {
+                "run_id": run_id,
+                "made": st["next_seq"],
+                "sent": st["sent_records"],
+                "stored": stored,
+                "lost": lost,
+                "duplicates": dup,
+                "connections": connections,
+                "drops_full": st["drops_full"],
+                "drops_disconnected": st["drops_disconnected"],
+            }
+        )
     return rows
 
 
@@ -86,10 +101,23 @@ class Daemon(DaemonProcess):
         for (mod, name), value in self.patch.items():
             code += f"setattr(importlib.import_module({mod!r}), {name!r}, {value!r})\n"
         code += "from stallscope.cli import main\nsys.exit(main(sys.argv[1:]))\n"
-        cmd = [sys.executable, "-c", code, "daemon", "--socket", self.socket, "--db", self.db,
-               "--gpu-backend", "none", "--sched-backend", self.sched_backend or "none"]
+        cmd = [
+            sys.executable,
+            "-c",
+            code,
+            "daemon",
+            "--socket",
+            self.socket,
+            "--db",
+            self.db,
+            "--gpu-backend",
+            "none",
+            "--sched-backend",
+            self.sched_backend or "none",
+        ]
         cmd += self.extra_args
         import subprocess as sp
+
         self._logf = open(self.log, "a")
         self.proc = sp.Popen(cmd, stdout=self._logf, stderr=self._logf)
         if wait:
@@ -117,6 +145,7 @@ def require_root():
     """Skip without root; in CI (STALLSCOPE_REQUIRE_PRIVILEGED=1) fail instead,
     as tests/conftest.py's require_privileged does."""
     import pytest
+
     if os.geteuid() == 0:
         return
     if os.environ.get("STALLSCOPE_REQUIRE_PRIVILEGED") == "1":

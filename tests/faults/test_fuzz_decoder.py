@@ -17,9 +17,10 @@ from collections import Counter
 
 import duckdb
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
-
 from fuzzwire import Fuzzer
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from probe_client import wire
 from stallscope.service.ingest import Connection, Ingest
 from stallscope.service.store import Store
@@ -49,8 +50,9 @@ def _ingest(tmp_path, name="fuzz"):
     return store, ing
 
 
-def _drive(ing, store, fz, n_datagrams, pids=(4001, 4002, 4003), decode_every=2000,
-           session_max=300):
+def _drive(
+    ing, store, fz, n_datagrams, pids=(4001, 4002, 4003), decode_every=2000, session_max=300
+):
     """Feed sessions until n_datagrams were made; returns seconds spent in ingest."""
     spent = 0.0
     since_decode = 0
@@ -93,19 +95,31 @@ def test_decoder_counts_every_rejection_and_stores_exactly_the_model(tmp_path, f
     store.close()
     con = duckdb.connect(str(tmp_path / "fuzz.duckdb"), read_only=True)
     try:
-        errors = dict(con.execute("SELECT reason, sum(count)::BIGINT FROM ingest_errors "
-                                  "GROUP BY ALL").fetchall())
+        errors = dict(
+            con.execute(
+                "SELECT reason, sum(count)::BIGINT FROM ingest_errors GROUP BY ALL"
+            ).fetchall()
+        )
         assert errors == dict(fz.expected)
-        stored = dict(con.execute(
-            "SELECT run_id, count(*) FROM (SELECT run_id FROM spans UNION ALL "
-            "SELECT run_id FROM gc_events) GROUP BY ALL").fetchall())
-        lost = dict(con.execute("SELECT run_id, sum(count)::BIGINT FROM losses "
-                                "GROUP BY ALL").fetchall())
+        stored = dict(
+            con.execute(
+                "SELECT run_id, count(*) FROM (SELECT run_id FROM spans UNION ALL "
+                "SELECT run_id FROM gc_events) GROUP BY ALL"
+            ).fetchall()
+        )
+        lost = dict(
+            con.execute("SELECT run_id, sum(count)::BIGINT FROM losses GROUP BY ALL").fetchall()
+        )
         runs = dict(con.execute("SELECT run_id, connections FROM runs").fetchall())
         # Sequence numbers within a run never repeat.
-        assert con.execute("SELECT count(*) FROM (SELECT run_id, seq FROM spans UNION ALL "
-                           "SELECT run_id, seq FROM gc_events) GROUP BY run_id, seq "
-                           "HAVING count(*) > 1").fetchall() == []
+        assert (
+            con.execute(
+                "SELECT count(*) FROM (SELECT run_id, seq FROM spans UNION ALL "
+                "SELECT run_id, seq FROM gc_events) GROUP BY run_id, seq "
+                "HAVING count(*) > 1"
+            ).fetchall()
+            == []
+        )
     finally:
         con.close()
     assert runs == {r.run_id: r.connections for r in fz.runs}
@@ -113,12 +127,18 @@ def test_decoder_counts_every_rejection_and_stores_exactly_the_model(tmp_path, f
         assert stored.get(r.run_id, 0) == r.stored, r.run_id
         assert lost.get(r.run_id, 0) == r.lost, r.run_id
         assert r.stored + r.lost + _rejected_seq(r) <= r.expected
-    figures.update(datagrams=fz.datagrams, rejected=sum(fz.expected.values()),
-                   by_reason=dict(sorted(fz.expected.items())), runs=len(fz.runs),
-                   resumed_connections=sum(r.connections - 1 for r in fz.runs),
-                   **{f"records_{k}": v for k, v in fz.totals().items()},
-                   ingest_s=round(spent, 1), wall_s=round(wall, 1),
-                   datagrams_per_s=int(fz.datagrams / spent), seed=seed)
+    figures.update(
+        datagrams=fz.datagrams,
+        rejected=sum(fz.expected.values()),
+        by_reason=dict(sorted(fz.expected.items())),
+        runs=len(fz.runs),
+        resumed_connections=sum(r.connections - 1 for r in fz.runs),
+        **{f"records_{k}": v for k, v in fz.totals().items()},
+        ingest_s=round(spent, 1),
+        wall_s=round(wall, 1),
+        datagrams_per_s=int(fz.datagrams / spent),
+        seed=seed,
+    )
 
 
 def _rejected_seq(run):
@@ -128,30 +148,68 @@ def _rejected_seq(run):
 # ----- hypothesis: arbitrary bytes and arbitrary hello JSON --------------------------
 _json = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
-    lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=8), kids,
-                                                              max_size=4),
-    max_leaves=12)
+    lambda kids: (
+        st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=8), kids, max_size=4)
+    ),
+    max_leaves=12,
+)
 _hello_info = st.dictionaries(
-    st.sampled_from(["run_token", "pid", "tid", "label", "argv", "python", "gc_threshold",
-                     "gc_count", "freeze_count", "gc_enabled", "realtime_ns",
-                     "monotonic_ns", "free_threaded", "implementation"]), _json, max_size=8)
+    st.sampled_from(
+        [
+            "run_token",
+            "pid",
+            "tid",
+            "label",
+            "argv",
+            "python",
+            "gc_threshold",
+            "gc_count",
+            "freeze_count",
+            "gc_enabled",
+            "realtime_ns",
+            "monotonic_ns",
+            "free_threaded",
+            "implementation",
+        ]
+    ),
+    _json,
+    max_size=8,
+)
 _header = st.builds(
     lambda magic, version, kind, count, rsize, seq, sent, df, dd: wire.HEADER.pack(
-        magic, version, kind, count, rsize, seq, sent, df, dd),
-    st.sampled_from([wire.MAGIC, wire.MAGIC, 0]), st.sampled_from([1, 1, 1, 0, 2]),
-    st.integers(0, 255), st.integers(0, 0xFFFF), st.sampled_from([32, 32, 0, 33]),
-    st.integers(0, 2 ** 64 - 1), st.integers(0, 2 ** 64 - 1), st.integers(0, 2 ** 32 - 1),
-    st.integers(0, 2 ** 32 - 1))
+        magic, version, kind, count, rsize, seq, sent, df, dd
+    ),
+    st.sampled_from([wire.MAGIC, wire.MAGIC, 0]),
+    st.sampled_from([1, 1, 1, 0, 2]),
+    st.integers(0, 255),
+    st.integers(0, 0xFFFF),
+    st.sampled_from([32, 32, 0, 33]),
+    st.integers(0, 2**64 - 1),
+    st.integers(0, 2**64 - 1),
+    st.integers(0, 2**32 - 1),
+    st.integers(0, 2**32 - 1),
+)
 _datagram = st.one_of(
     st.binary(max_size=200),
     st.tuples(_header, st.binary(max_size=600)).map(lambda t: t[0] + t[1]),
-    st.builds(lambda info, seq: wire.HEADER.pack(wire.MAGIC, 1, wire.DGRAM_HELLO, 0, 32, seq,
-                                                 1, 0, 0) + json.dumps(info).encode(),
-              _hello_info, st.integers(0, 2 ** 64 - 1)),
-    st.builds(lambda c, seq, recs: wire.HEADER.pack(wire.MAGIC, 1, wire.DGRAM_RECORDS, c, 32,
-                                                    seq, 1, 0, 0) + b"".join(recs),
-              st.integers(0, 8), st.integers(0, 2 ** 64 - 1),
-              st.lists(st.binary(min_size=32, max_size=32), max_size=8)))
+    st.builds(
+        lambda info, seq: (
+            wire.HEADER.pack(wire.MAGIC, 1, wire.DGRAM_HELLO, 0, 32, seq, 1, 0, 0)
+            + json.dumps(info).encode()
+        ),
+        _hello_info,
+        st.integers(0, 2**64 - 1),
+    ),
+    st.builds(
+        lambda c, seq, recs: (
+            wire.HEADER.pack(wire.MAGIC, 1, wire.DGRAM_RECORDS, c, 32, seq, 1, 0, 0)
+            + b"".join(recs)
+        ),
+        st.integers(0, 8),
+        st.integers(0, 2**64 - 1),
+        st.lists(st.binary(min_size=32, max_size=32), max_size=8),
+    ),
+)
 
 
 _FULL = os.environ.get("STALLSCOPE_FULL_FAULTS") == "1" or "--full" in sys.argv
@@ -172,14 +230,22 @@ def _shared_store(tmp_path_factory):
 def _db_rejections(store):
     cur = store.cursor()
     try:
-        return Counter(dict(cur.execute("SELECT reason, sum(count)::BIGINT FROM ingest_errors "
-                                        "GROUP BY ALL").fetchall()))
+        return Counter(
+            dict(
+                cur.execute(
+                    "SELECT reason, sum(count)::BIGINT FROM ingest_errors GROUP BY ALL"
+                ).fetchall()
+            )
+        )
     finally:
         cur.close()
 
 
-@settings(max_examples=1000 if _FULL else 150, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@settings(
+    max_examples=1000 if _FULL else 150,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 @given(st.lists(_datagram, min_size=1, max_size=30))
 def test_arbitrary_datagrams_never_raise_and_never_fail_a_write(tmp_path_factory, dgrams):
     store, sock_path = _shared_store(tmp_path_factory)
@@ -191,7 +257,7 @@ def test_arbitrary_datagrams_never_raise_and_never_fail_a_write(tmp_path_factory
         hello = wire.HEADER.pack(wire.MAGIC, 1, wire.DGRAM_HELLO, 0, 32, 0, 1, 0, 0) + b"{}"
         other = Connection(FakeSock(), 4243, 0, 0)
         for d in dgrams:
-            ing._datagram(conn, d)           # raises = test failure
+            ing._datagram(conn, d)  # raises = test failure
             ing._datagram(other, hello if other.run is None else d)
         ing.decode_pending()
         store.flush()

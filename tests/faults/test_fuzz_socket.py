@@ -13,15 +13,13 @@ import socket
 import time
 
 import pytest
-
 from fuzzwire import Fuzzer
 from helpers import Daemon, finish_client, reconcile, start_client, vm_hwm_kb
 
 pytestmark = pytest.mark.faults
 
 
-def test_live_socket_fuzz_counts_every_rejection_and_spares_good_clients(tmp_path, full,
-                                                                            figures):
+def test_live_socket_fuzz_counts_every_rejection_and_spares_good_clients(tmp_path, full, figures):
     n = 300_000 if full else 50_000
     seed = int(os.environ.get("STALLSCOPE_FUZZ_SEED", "8"))
     fz = Fuzzer(seed, live=True)
@@ -63,25 +61,41 @@ def test_live_socket_fuzz_counts_every_rejection_and_spares_good_clients(tmp_pat
     errors = dict(d.query("SELECT reason, sum(count)::BIGINT FROM ingest_errors GROUP BY ALL"))
     assert errors.get("internal_error", 0) == 0
     assert errors == dict(fz.expected)
-    stored = d.scalar("SELECT (SELECT count(*) FROM spans WHERE run_id <> $1) + "
-                      "(SELECT count(*) FROM gc_events WHERE run_id <> $1)", [good_run])
-    lost = d.scalar("SELECT coalesce(sum(count), 0)::BIGINT FROM losses WHERE run_id <> ?",
-                    [good_run])
+    stored = d.scalar(
+        "SELECT (SELECT count(*) FROM spans WHERE run_id <> $1) + "
+        "(SELECT count(*) FROM gc_events WHERE run_id <> $1)",
+        [good_run],
+    )
+    lost = d.scalar(
+        "SELECT coalesce(sum(count), 0)::BIGINT FROM losses WHERE run_id <> ?", [good_run]
+    )
     totals = fz.totals()
     assert (stored, lost) == (totals["stored"], totals["lost"])
     assert d.scalar("SELECT count(*) FROM runs") == len(fz.runs) + 1
-    by_token = dict(d.query(
-        "SELECT client_token, count(x.run_id) FROM runs LEFT JOIN (SELECT run_id FROM spans "
-        "UNION ALL SELECT run_id FROM gc_events) x USING (run_id) WHERE client_token <> 0 "
-        "GROUP BY ALL"))
+    by_token = dict(
+        d.query(
+            "SELECT client_token, count(x.run_id) FROM runs LEFT JOIN (SELECT run_id FROM spans "
+            "UNION ALL SELECT run_id FROM gc_events) x USING (run_id) WHERE client_token <> 0 "
+            "GROUP BY ALL"
+        )
+    )
     for r in fz.runs:
         if r.token:
             assert by_token.get(r.token) == r.stored, r.token
-    figures.update(datagrams=fz.datagrams, connections=sessions,
-                   rejected=sum(fz.expected.values()),
-                   by_reason=dict(sorted(fz.expected.items())), fuzz_runs=len(fz.runs),
-                   fuzz_records_stored=stored, fuzz_records_lost=lost,
-                   fuzz_s=round(fuzz_s, 1), datagrams_per_s=int(fz.datagrams / fuzz_s),
-                   good_made=g["made"], good_stored=g["stored"], good_lost=g["lost"],
-                   good_drops_full=g["drops_full"],
-                   daemon_vm_hwm_mb=round(hwm_kb / 1024, 1), seed=seed)
+    figures.update(
+        datagrams=fz.datagrams,
+        connections=sessions,
+        rejected=sum(fz.expected.values()),
+        by_reason=dict(sorted(fz.expected.items())),
+        fuzz_runs=len(fz.runs),
+        fuzz_records_stored=stored,
+        fuzz_records_lost=lost,
+        fuzz_s=round(fuzz_s, 1),
+        datagrams_per_s=int(fz.datagrams / fuzz_s),
+        good_made=g["made"],
+        good_stored=g["stored"],
+        good_lost=g["lost"],
+        good_drops_full=g["drops_full"],
+        daemon_vm_hwm_mb=round(hwm_kb / 1024, 1),
+        seed=seed,
+    )

@@ -11,12 +11,11 @@ daemon's to report; the test asserts the accounting, not a drop rate.
 import time
 
 import pytest
-
 from helpers import Daemon, finish_client, reconcile, start_client, vm_hwm_kb
 
 pytestmark = pytest.mark.faults
 
-RSS_BOUND_KB = 1024 * 1024   # 1 GiB: generous; the figure is what RELIABILITY.md tracks
+RSS_BOUND_KB = 1024 * 1024  # 1 GiB: generous; the figure is what RELIABILITY.md tracks
 
 
 def test_concurrent_clients_reconcile_exactly_and_rss_is_bounded(tmp_path, full, figures):
@@ -40,11 +39,18 @@ def test_concurrent_clients_reconcile_exactly_and_rss_is_bounded(tmp_path, full,
     assert hwm_kb < RSS_BOUND_KB
     made = sum(r["made"] for r in rows)
     stored = sum(r["stored"] for r in rows)
-    figures.update(clients=n_clients, rate_per_client=rate, duration_s=duration_s,
-                   records_made=made, records_sent=sum(r["sent"] for r in rows),
-                   records_stored=stored, records_reported_lost=sum(r["lost"] for r in rows),
-                   unaccounted=made - stored - sum(r["lost"] for r in rows),
-                   client_drops_full=sum(r["drops_full"] for r in rows),
-                   stored_pct=round(100.0 * stored / max(made, 1), 2),
-                   daemon_vm_hwm_mb=round(hwm_kb / 1024, 1), wall_s=round(wall, 1),
-                   daemon_stop_s=round(stop_s, 2))
+    figures.update(
+        clients=n_clients,
+        rate_per_client=rate,
+        duration_s=duration_s,
+        records_made=made,
+        records_sent=sum(r["sent"] for r in rows),
+        records_stored=stored,
+        records_reported_lost=sum(r["lost"] for r in rows),
+        unaccounted=made - stored - sum(r["lost"] for r in rows),
+        client_drops_full=sum(r["drops_full"] for r in rows),
+        stored_pct=round(100.0 * stored / max(made, 1), 2),
+        daemon_vm_hwm_mb=round(hwm_kb / 1024, 1),
+        wall_s=round(wall, 1),
+        daemon_stop_s=round(stop_s, 2),
+    )

@@ -18,15 +18,16 @@ import stat
 import tempfile
 
 import pytest
+from helpers import Daemon, require_root
 
 import probe_client
-from helpers import Daemon, require_root
 from probe_client import wire
 
 pytestmark = pytest.mark.faults
 
 NOBODY = 65534
 OTHER = 65533
+
 
 def _raw_client(path, claimed_pid, token, first_seq, n, bye=True):
     """Hello (claiming `claimed_pid` and `token`), n span records, BYE; the
@@ -39,19 +40,20 @@ def _raw_client(path, claimed_pid, token, first_seq, n, bye=True):
         out["connect_error"] = exc.errno
         return out
     s.settimeout(5)
-    hello = json.dumps({"run_token": token, "pid": claimed_pid, "label": "intruder"
-                        if os.getuid() else "victim"}).encode()
+    hello = json.dumps(
+        {"run_token": token, "pid": claimed_pid, "label": "intruder" if os.getuid() else "victim"}
+    ).encode()
     try:
-        s.send(wire.HEADER.pack(wire.MAGIC, 1, wire.DGRAM_HELLO, 0, 32, first_seq, 1, 0, 0)
-               + hello)
-        body = b"".join(wire.RECORD.pack(wire.REC_SPAN, 0, 0, 1, 10 + i, 20 + i, 0, 0)
-                        for i in range(n))
-        s.send(wire.HEADER.pack(wire.MAGIC, 1, wire.DGRAM_RECORDS, n, 32, first_seq, 1, 0, 0)
-               + body)
+        s.send(wire.HEADER.pack(wire.MAGIC, 1, wire.DGRAM_HELLO, 0, 32, first_seq, 1, 0, 0) + hello)
+        body = b"".join(
+            wire.RECORD.pack(wire.REC_SPAN, 0, 0, 1, 10 + i, 20 + i, 0, 0) for i in range(n)
+        )
+        s.send(
+            wire.HEADER.pack(wire.MAGIC, 1, wire.DGRAM_RECORDS, n, 32, first_seq, 1, 0, 0) + body
+        )
         if bye:
-            s.send(wire.HEADER.pack(wire.MAGIC, 1, wire.DGRAM_BYE, 0, 32, first_seq + n, 1, 0,
-                                    0))
-            out["recv"] = len(s.recv(100))   # 0: the daemon closed the connection
+            s.send(wire.HEADER.pack(wire.MAGIC, 1, wire.DGRAM_BYE, 0, 32, first_seq + n, 1, 0, 0))
+            out["recv"] = len(s.recv(100))  # 0: the daemon closed the connection
     except OSError as exc:
         out["io_error"] = exc.errno
     out["sock"] = s
@@ -100,19 +102,21 @@ def test_uid_not_allowed_is_refused_and_claims_are_ignored(tmp_path, shared_dir,
         token = 0x1234567890
         victim = _raw_client(d.socket, os.getpid(), token, 0, 500, bye=False)
         # 1. uid 65534 in the socket's group: reaches the socket, refused by uid.
-        refused = [_as_user(NOBODY, [sock_gid], d.socket, os.getpid(), token, 0, 5)
-                   for _ in range(3)]
+        refused = [
+            _as_user(NOBODY, [sock_gid], d.socket, os.getpid(), token, 0, 5) for _ in range(3)
+        ]
         # 2. uid 65534 without the group: the socket's mode refuses it.
         no_group = _as_user(NOBODY, [], d.socket, os.getpid(), token, 0, 5)
         # 3. an allowed uid claiming the victim's pid and run token, and
         # sequence numbers that would collide with the victim's.
         intruder = _as_user(OTHER, [sock_gid], d.socket, os.getpid(), token, 500, 7)
         vs = victim["sock"]
-        body = b"".join(wire.RECORD.pack(wire.REC_SPAN, 0, 0, 1, 10, 20, 0, 0)
-                        for _ in range(100))
+        body = b"".join(wire.RECORD.pack(wire.REC_SPAN, 0, 0, 1, 10, 20, 0, 0) for _ in range(100))
         for i in range(5):
-            vs.send(wire.HEADER.pack(wire.MAGIC, 1, wire.DGRAM_RECORDS, 100, 32, 500 + 100 * i,
-                                     1, 0, 0) + body)
+            vs.send(
+                wire.HEADER.pack(wire.MAGIC, 1, wire.DGRAM_RECORDS, 100, 32, 500 + 100 * i, 1, 0, 0)
+                + body
+            )
         vs.send(wire.HEADER.pack(wire.MAGIC, 1, wire.DGRAM_BYE, 0, 32, 1000, 1, 0, 0))
         vs.recv(10)
         vs.close()
@@ -121,20 +125,25 @@ def test_uid_not_allowed_is_refused_and_claims_are_ignored(tmp_path, shared_dir,
         if d.proc.poll() is None:
             d.proc.kill()
     assert all(r.get("recv") == 0 or "io_error" in r for r in refused), refused
-    assert no_group.get("connect_error") == 13, no_group          # EACCES
-    assert d.scalar("SELECT sum(count) FROM ingest_errors WHERE reason = 'uid_not_allowed'") \
-        == len(refused)
-    runs = d.query("SELECT pid, uid, claimed_pid, label, records, connections FROM runs "
-                   "ORDER BY run_id")
+    assert no_group.get("connect_error") == 13, no_group  # EACCES
+    assert d.scalar("SELECT sum(count) FROM ingest_errors WHERE reason = 'uid_not_allowed'") == len(
+        refused
+    )
+    runs = d.query(
+        "SELECT pid, uid, claimed_pid, label, records, connections FROM runs ORDER BY run_id"
+    )
     assert (os.getpid(), 0, os.getpid(), "victim", 1000, 1) == runs[0]
     # 500 + 7: the intruder's hello said first_seq 500 (a client_disconnected loss of
     # its own), its records are its own run's.
     assert runs[1] == (intruder["pid"], OTHER, os.getpid(), "intruder", 7, 1)
-    assert len(runs) == 2                                   # nothing from uid 65534
+    assert len(runs) == 2  # nothing from uid 65534
     assert d.scalar("SELECT count(*) FROM runs WHERE uid = ?", [NOBODY]) == 0
     assert d.query("SELECT run_id, count FROM losses") == [(2, 500)]
-    figures.update(refused_by_uid=len(refused), refused_by_mode=1,
-                   intruder_traced_as=intruder["pid"] != os.getpid())
+    figures.update(
+        refused_by_uid=len(refused),
+        refused_by_mode=1,
+        intruder_traced_as=intruder["pid"] != os.getpid(),
+    )
 
 
 def _walk(*roots):
@@ -146,7 +155,7 @@ def _walk(*roots):
 
 
 def test_socket_and_database_modes_nothing_world_writable(tmp_path, figures):
-    state = tmp_path / "state"          # the daemon creates these directories
+    state = tmp_path / "state"  # the daemon creates these directories
     run = tmp_path / "run"
     d = Daemon(tmp_path, db=str(state / "lib" / "stallscope.duckdb"))
     d.socket = str(run / "stallscope" / "probe.sock")
@@ -165,11 +174,13 @@ def test_socket_and_database_modes_nothing_world_writable(tmp_path, figures):
     created = dict(created_live)
     created.update({p: stat.S_IMODE(os.lstat(p).st_mode) for p in _walk(state, run)})
     assert sock_mode == 0o660
-    assert not os.path.exists(d.socket)                  # removed at exit
+    assert not os.path.exists(d.socket)  # removed at exit
     writable = {p: oct(m) for p, m in created.items() if m & stat.S_IWOTH}
     assert writable == {}
     db_dir = os.path.dirname(d.db)
-    assert stat.S_IMODE(os.stat(db_dir).st_mode) & 0o007 == 0        # not world-readable
+    assert stat.S_IMODE(os.stat(db_dir).st_mode) & 0o007 == 0  # not world-readable
     assert stat.S_IMODE(os.stat(d.db).st_mode) & 0o022 == 0
-    figures.update(socket_mode=oct(sock_mode),
-                   modes={os.path.relpath(p, tmp_path): oct(m) for p, m in created.items()})
+    figures.update(
+        socket_mode=oct(sock_mode),
+        modes={os.path.relpath(p, tmp_path): oct(m) for p, m in created.items()},
+    )

@@ -36,10 +36,10 @@ class FakeGpu:
         self.temp_c = 47
         self.util = (98, 61)
         self.reasons = 0x0
-        self.unsupported = set()        # C symbols answering NOT_SUPPORTED
-        self.instant_supported = True   # field 186 per-value return code
+        self.unsupported = set()  # C symbols answering NOT_SUPPORTED
+        self.instant_supported = True  # field 186 per-value return code
         self.lost = False
-        self.empty_buffers = False      # nvmlDeviceGetSamples -> NOT_FOUND
+        self.empty_buffers = False  # nvmlDeviceGetSamples -> NOT_FOUND
         self.struct = pynvml.struct_c_nvmlDevice_t()
 
 
@@ -51,13 +51,14 @@ class FakeNvml:
         self.period_us = period_us
         self.depth = depth
         self.driver_clock_us = driver_clock_us or (
-            lambda: time.clock_gettime_ns(time.CLOCK_REALTIME) // 1000)
+            lambda: time.clock_gettime_ns(time.CLOCK_REALTIME) // 1000
+        )
         # (start_us, end_us, sm_mhz) on the driver clock: the buffer's clock history
         self.clock_episodes = []
         # (start_us, end_us) on the driver clock where the driver took no sample
         self.sample_gaps = []
         self.calls = {}
-        self.missing = set()            # C symbols this "driver" does not export
+        self.missing = set()  # C symbols this "driver" does not export
         self._lock = threading.Lock()
 
     def __getattribute__(self, name):
@@ -71,6 +72,7 @@ class FakeNvml:
                 # the bindings cache this wrapper, so it counts every C call
                 calls[name] = calls.get(name, 0) + 1
                 return fn(*args)
+
             return counted
         return object.__getattribute__(self, name)
 
@@ -183,8 +185,11 @@ class FakeNvml:
         now_us = self.driver_clock_us()
         newest = now_us - now_us % self.period_us
         stamps = [newest - k * self.period_us for k in range(self.depth)][::-1]
-        stamps = [t for t in stamps if t > last_us.value
-                  and not any(a <= t < b for a, b in self.sample_gaps)]
+        stamps = [
+            t
+            for t in stamps
+            if t > last_us.value and not any(a <= t < b for a, b in self.sample_gaps)
+        ]
         if not stamps:
             return NOT_FOUND
         _out(vtype).value = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
@@ -194,8 +199,9 @@ class FakeNvml:
         n = min(len(stamps), _out(count).value)
         for i, t in enumerate(stamps[:n]):
             samples[i].timeStamp = t
-            samples[i].sampleValue.uiVal = (self.sm_at(g, t) if stype.value == 5
-                                            else g.power_instant_mw)
+            samples[i].sampleValue.uiVal = (
+                self.sm_at(g, t) if stype.value == 5 else g.power_instant_mw
+            )
         _out(count).value = n
         return SUCCESS
 
@@ -209,4 +215,5 @@ def install(fake):
     def undo():
         pynvml.nvmlLib = saved
         pynvml._nvmlGetFunctionPointer_cache.clear()
+
     return undo

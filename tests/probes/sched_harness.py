@@ -27,8 +27,7 @@ class CollectSink:
         self.losses = []
 
     def append(self, table, columns):
-        self.batches.setdefault(table, []).append(
-            {k: np.asarray(v) for k, v in columns.items()})
+        self.batches.setdefault(table, []).append({k: np.asarray(v) for k, v in columns.items()})
 
     def loss(self, probe, start_ns, end_ns, count, reason):
         self.losses.append((probe, start_ns, end_ns, count, reason))
@@ -87,8 +86,13 @@ def spawn_hog(cpu):
 
 class Workload:
     def __init__(self):
-        self.proc = subprocess.Popen([sys.executable, WORKLOAD], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True, bufsize=1)
+        self.proc = subprocess.Popen(
+            [sys.executable, WORKLOAD],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            bufsize=1,
+        )
         self.pid = self.proc.pid
         self.tid = None
 
@@ -194,6 +198,7 @@ def clipped_sum(start, end, w):
 
 
 # -- checks shared by the event-exact backends (bcc, perf) ---------------------
+
 
 def check_contended(probe, sink, work, sync, unseen=None):
     """Spinner sharing CPU 1 with a hog: counts, run-queue wait and wall time.

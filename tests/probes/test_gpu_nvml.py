@@ -15,18 +15,18 @@ import pynvml
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-import fake_nvml  # noqa: E402
+import fake_nvml
 
-from stallscope.probes import gpu_nvml  # noqa: E402
-from stallscope.probes.base import ProbeSettings  # noqa: E402
-from stallscope.probes.gpu_reasons import decode_clock_event_reasons, is_slowdown  # noqa: E402
-from stallscope.service.server import StoreSink  # noqa: E402  (the daemon's own sink)
-from stallscope.service.store import Store  # noqa: E402
+from stallscope.probes import gpu_nvml
+from stallscope.probes.base import ProbeSettings
+from stallscope.probes.gpu_reasons import decode_clock_event_reasons, is_slowdown
+from stallscope.service.server import StoreSink
+from stallscope.service.store import Store
 
 
 @pytest.fixture
 def fake():
-    f = fake_nvml.FakeNvml(gpus=2, depth=101)   # 100 gaps: an even count
+    f = fake_nvml.FakeNvml(gpus=2, depth=101)  # 100 gaps: an even count
     undo = fake_nvml.install(f)
     yield f
     undo()
@@ -55,17 +55,24 @@ def test_normal_readings_of_every_gpu(fake, store):
     probe.poll()
     probe.poll()
     probe.flush()
-    got = rows(store, "SELECT gpu, sm_clock_mhz, graphics_clock_mhz, mem_clock_mhz, power_mw, "
-                      "power_source, temp_c, util_pct, mem_util_pct, clock_event_reasons, "
-                      "raw_ts_us IS NOT NULL, read_ns > 0 FROM nvml_samples "
-                      "WHERE source = 'poll' ORDER BY ts_ns")
+    got = rows(
+        store,
+        "SELECT gpu, sm_clock_mhz, graphics_clock_mhz, mem_clock_mhz, power_mw, "
+        "power_source, temp_c, util_pct, mem_util_pct, clock_event_reasons, "
+        "raw_ts_us IS NOT NULL, read_ns > 0 FROM nvml_samples "
+        "WHERE source = 'poll' ORDER BY ts_ns",
+    )
     assert len(got) == 4
     assert sorted({r[0] for r in got}) == [0, 1]
-    assert set(got) == {(g, 1980, 1980, 3201, 612_000, "instant", 47, 98, 61, 0, True, True)
-                        for g in (0, 1)}
-    ts = [r[0] for r in rows(store, "SELECT ts_ns FROM nvml_samples WHERE source='poll' ORDER BY ts_ns")]
+    assert set(got) == {
+        (g, 1980, 1980, 3201, 612_000, "instant", 47, 98, 61, 0, True, True) for g in (0, 1)
+    }
+    ts = [
+        r[0]
+        for r in rows(store, "SELECT ts_ns FROM nvml_samples WHERE source='poll' ORDER BY ts_ns")
+    ]
     now = time.monotonic_ns()
-    assert all(0 < now - t < 60e9 for t in ts)     # CLOCK_MONOTONIC, not epoch
+    assert all(0 < now - t < 60e9 for t in ts)  # CLOCK_MONOTONIC, not epoch
     assert rows(store, "SELECT state FROM probe_status WHERE probe='gpu'") == [("active",)]
     probe.stop()
     assert rows(store, "SELECT state FROM probe_status ORDER BY ts_ns")[-1] == ("stopped",)
@@ -81,14 +88,19 @@ def test_not_supported_fields_become_null_and_are_not_asked_again(fake, store):
     field_calls = fake.calls.get("nvmlDeviceGetFieldValues", 0)
     probe.poll()
     probe.flush()
-    got = rows(store, "SELECT sm_clock_mhz, power_mw, power_source, temp_c, util_pct, mem_util_pct "
-                      "FROM nvml_samples WHERE source='poll' AND gpu=0")
+    got = rows(
+        store,
+        "SELECT sm_clock_mhz, power_mw, power_source, temp_c, util_pct, mem_util_pct "
+        "FROM nvml_samples WHERE source='poll' AND gpu=0",
+    )
     assert got == [(1980, 598_000, "average", None, None, None)] * 2
     # GPU 1 still answers everything
-    assert rows(store, "SELECT DISTINCT power_source, temp_c FROM nvml_samples "
-                       "WHERE source='poll' AND gpu=1") == [("instant", 47)]
+    assert rows(
+        store,
+        "SELECT DISTINCT power_source, temp_c FROM nvml_samples WHERE source='poll' AND gpu=1",
+    ) == [("instant", 47)]
     # the second poll asked GPU 0 neither for temperature nor for the instant field
-    assert fake.calls["nvmlDeviceGetTemperature"] - temp_calls == 1     # GPU 1 only
+    assert fake.calls["nvmlDeviceGetTemperature"] - temp_calls == 1  # GPU 1 only
     assert fake.calls["nvmlDeviceGetFieldValues"] - field_calls == 1
     assert probe.counters["field_errors"] == 0
 
@@ -100,8 +112,9 @@ def test_old_driver_without_event_reasons_uses_throttle_reasons(fake, store):
     probe = make_probe(store)
     probe.poll()
     probe.flush()
-    assert rows(store, "SELECT DISTINCT clock_event_reasons FROM nvml_samples "
-                       "WHERE source='poll'") == [(4,)]
+    assert rows(
+        store, "SELECT DISTINCT clock_event_reasons FROM nvml_samples WHERE source='poll'"
+    ) == [(4,)]
     assert fake.calls["nvmlDeviceGetCurrentClocksThrottleReasons"] == 2
 
 
@@ -112,7 +125,7 @@ def test_empty_sample_buffer_is_normal(fake, store):
     probe.poll()
     probe.read_buffers()
     probe.flush()
-    assert fake.calls["nvmlDeviceGetSamples"] >= 4      # asked, answered NotFound
+    assert fake.calls["nvmlDeviceGetSamples"] >= 4  # asked, answered NotFound
     assert rows(store, "SELECT source, count(*) FROM nvml_samples GROUP BY source") == [("poll", 2)]
     assert probe.sync is None and probe.counters["field_errors"] == 0
     assert rows(store, "SELECT count(*) FROM losses") == [(0,)]
@@ -123,15 +136,18 @@ def test_lost_gpu_is_recorded_and_retried(fake, store):
     probe.poll()
     fake.gpus[0].lost = True
     probe.poll()
-    probe.poll()     # retry fails: still lost
+    probe.poll()  # retry fails: still lost
     assert probe.status()["lost"] == [0]
     fake.gpus[0].lost = False
-    probe.poll()     # retry succeeds, reads again
+    probe.poll()  # retry succeeds, reads again
     probe.flush()
-    per_gpu = dict(rows(store, "SELECT gpu, count(*) FROM nvml_samples WHERE source='poll' GROUP BY gpu"))
+    per_gpu = dict(
+        rows(store, "SELECT gpu, count(*) FROM nvml_samples WHERE source='poll' GROUP BY gpu")
+    )
     assert per_gpu == {0: 2, 1: 4}
-    (probe_, start, end, count, reason), = rows(
-        store, "SELECT probe, start_ns, end_ns, count, reason FROM losses")
+    ((probe_, start, end, count, reason),) = rows(
+        store, "SELECT probe, start_ns, end_ns, count, reason FROM losses"
+    )
     assert probe_ == "gpu" and start < end and count >= 1
     assert reason.startswith("gpu0_lost") and "GPU is lost" in reason
     states = rows(store, "SELECT state, detail FROM probe_status ORDER BY ts_ns")
@@ -144,33 +160,41 @@ def test_throttle_episode_is_decoded(fake, store):
     g = fake.gpus[0]
     probe = make_probe(store)
     probe.poll()
-    g.sm_mhz, g.reasons = 1410, 0x4 | 0x40       # power cap + HW thermal
+    g.sm_mhz, g.reasons = 1410, 0x4 | 0x40  # power cap + HW thermal
     probe.poll()
     g.sm_mhz, g.reasons = 1980, 0x0
     probe.poll()
     probe.flush()
-    got = rows(store, "SELECT sm_clock_mhz, clock_event_reasons, "
-                      "gpu_clock_event_reason_names(clock_event_reasons), "
-                      "gpu_clock_event_is_slowdown(clock_event_reasons) "
-                      "FROM nvml_samples WHERE source='poll' AND gpu=0 ORDER BY ts_ns")
-    assert got == [(1980, 0, [], False),
-                   (1410, 0x44, ["sw_power_cap", "hw_thermal"], True),
-                   (1980, 0, [], False)]
+    got = rows(
+        store,
+        "SELECT sm_clock_mhz, clock_event_reasons, "
+        "gpu_clock_event_reason_names(clock_event_reasons), "
+        "gpu_clock_event_is_slowdown(clock_event_reasons) "
+        "FROM nvml_samples WHERE source='poll' AND gpu=0 ORDER BY ts_ns",
+    )
+    assert got == [
+        (1980, 0, [], False),
+        (1410, 0x44, ["sw_power_cap", "hw_thermal"], True),
+        (1980, 0, [], False),
+    ]
 
 
 def test_buffer_samples_carry_a_clock_dip_at_its_time(fake, store):
     probe = make_probe(store)
     now_us = fake.driver_clock_us()
-    now_us -= now_us % fake.period_us          # on the buffer's sample grid
+    now_us -= now_us % fake.period_us  # on the buffer's sample grid
     fake.clock_episodes = [(now_us - 500_000, now_us - 300_000, 1095)]
-    probe.gpus[0].last_seen_us.clear()       # re-read the whole buffer
+    probe.gpus[0].last_seen_us.clear()  # re-read the whole buffer
     probe.read_buffers()
     probe.calibrate()
     probe.flush()
-    dip = rows(store, "SELECT min(ts_ns), max(ts_ns), count(*) FROM nvml_samples "
-                      "WHERE source='buffer' AND gpu=0 AND sm_clock_mhz = 1095")
+    dip = rows(
+        store,
+        "SELECT min(ts_ns), max(ts_ns), count(*) FROM nvml_samples "
+        "WHERE source='buffer' AND gpu=0 AND sm_clock_mhz = 1095",
+    )
     lo, hi, n = dip[0]
-    assert n == 10          # 200 ms of 20 ms samples
+    assert n == 10  # 200 ms of 20 ms samples
     off = probe.sync["offset_ns"]
     assert lo == (now_us - 500_000) * 1000 - off
     assert hi == (now_us - 320_000) * 1000 - off
@@ -180,8 +204,12 @@ def test_calibration_of_an_unknown_driver_clock(store):
     # the driver clock is CLOCK_MONOTONIC + 123456.789 s: no known clock
     # matches, so the envelope of the reads must locate it, within its bound
     offset_ns = 123_456_789_000_000
-    f = fake_nvml.FakeNvml(gpus=1, period_us=5_000, depth=50,
-                           driver_clock_us=lambda: (time.monotonic_ns() + offset_ns) // 1000)
+    f = fake_nvml.FakeNvml(
+        gpus=1,
+        period_us=5_000,
+        depth=50,
+        driver_clock_us=lambda: (time.monotonic_ns() + offset_ns) // 1000,
+    )
     undo = fake_nvml.install(f)
     try:
         probe = make_probe(store)
@@ -195,13 +223,17 @@ def test_calibration_of_an_unknown_driver_clock(store):
     assert sync["clock"] == "envelope"
     assert sync["lower_ns"] <= offset_ns <= sync["upper_ns"]
     assert abs(sync["offset_ns"] - offset_ns) <= sync["err_ns"]
-    assert sync["err_ns"] <= 5_000_000          # never worse than one sample period
+    assert sync["err_ns"] <= 5_000_000  # never worse than one sample period
     # a stored sample lands on CLOCK_MONOTONIC within the stated error
-    for raw_us, ts_ns, err in rows(store, "SELECT raw_ts_us, ts_ns, sync_err_ns FROM nvml_samples "
-                                          "WHERE source='buffer' ORDER BY ts_ns DESC LIMIT 5"):
+    for raw_us, ts_ns, err in rows(
+        store,
+        "SELECT raw_ts_us, ts_ns, sync_err_ns FROM nvml_samples "
+        "WHERE source='buffer' ORDER BY ts_ns DESC LIMIT 5",
+    ):
         assert abs(ts_ns - (raw_us * 1000 - offset_ns)) <= err
-    assert rows(store, "SELECT clock, offset_ns FROM nvml_clock_sync ORDER BY ts_ns DESC LIMIT 1") \
-        == [("envelope", sync["offset_ns"])]
+    assert rows(
+        store, "SELECT clock, offset_ns FROM nvml_clock_sync ORDER BY ts_ns DESC LIMIT 1"
+    ) == [("envelope", sync["offset_ns"])]
 
 
 def test_calibration_identifies_a_realtime_driver_clock(fake, store):
@@ -212,7 +244,7 @@ def test_calibration_identifies_a_realtime_driver_clock(fake, store):
     sync = probe.calibrate()
     real = time.clock_gettime_ns(time.CLOCK_REALTIME) - time.monotonic_ns()
     assert sync["clock"] == "realtime"
-    assert abs(sync["offset_ns"] - real) < 5_000_000    # both measured on this host
+    assert abs(sync["offset_ns"] - real) < 5_000_000  # both measured on this host
     assert sync["lower_ns"] - 50_000_000 <= sync["offset_ns"] <= sync["upper_ns"] + 50_000_000
     # integers only: a float here once made the store's batches disagree on a column type
     assert all(type(sync[k]) is int for k in ("offset_ns", "err_ns", "lower_ns", "upper_ns"))
@@ -225,13 +257,13 @@ def test_buffer_overrun_is_a_loss(store):
     try:
         probe = make_probe(store, gpu_buffer_poll_s=5.0)
         # the probe shortened its buffer interval to half the buffer's span
-        assert probe.buffer_poll_s == pytest.approx(0.1)   # clamped at one poll period
-        time.sleep(0.05)        # 50 samples pass, the buffer holds 5
+        assert probe.buffer_poll_s == pytest.approx(0.1)  # clamped at one poll period
+        time.sleep(0.05)  # 50 samples pass, the buffer holds 5
         probe.read_buffers()
         probe.flush()
     finally:
         undo()
-    reasons = [r for r, in rows(store, "SELECT reason FROM losses")]
+    reasons = [r for (r,) in rows(store, "SELECT reason FROM losses")]
     assert "gpu0_sm_clock_mhz_buffer_overrun" in reasons
     assert probe.counters["buffer_overruns"] >= 1
 
@@ -249,9 +281,13 @@ def test_a_gap_in_a_partly_filled_buffer_is_not_a_loss(fake, store):
     probe.flush()
     assert probe.counters["buffer_overruns"] == 0
     assert rows(store, "SELECT count(*) FROM losses") == [(0,)]
-    n = rows(store, "SELECT count(*) FROM nvml_samples WHERE source='buffer' AND gpu=0 "
-                    "AND sm_clock_mhz IS NOT NULL AND raw_ts_us > ?", [now_us - 620_000])
-    assert n[0][0] >= 16          # now-300 ms .. now, none from the gap
+    n = rows(
+        store,
+        "SELECT count(*) FROM nvml_samples WHERE source='buffer' AND gpu=0 "
+        "AND sm_clock_mhz IS NOT NULL AND raw_ts_us > ?",
+        [now_us - 620_000],
+    )
+    assert n[0][0] >= 16  # now-300 ms .. now, none from the gap
 
 
 def test_poller_thread_runs_and_stops(fake, store):
@@ -261,7 +297,7 @@ def test_poller_thread_runs_and_stops(fake, store):
     while probe.counters["polls"] < 3 and time.monotonic() < deadline:
         time.sleep(0.02)
     probe.stop()
-    probe.stop()       # idempotent
+    probe.stop()  # idempotent
     assert probe.counters["polls"] >= 3
     assert rows(store, "SELECT DISTINCT gpu FROM nvml_samples") == [(1,)]
     assert rows(store, "SELECT state FROM probe_status ORDER BY ts_ns")[-1] == ("stopped",)
@@ -277,13 +313,15 @@ def test_unavailable_without_a_driver(monkeypatch):
     pynvml._nvmlGetFunctionPointer_cache.clear()
     try:
         import ctypes
+
         ctypes.CDLL("libnvidia-ml.so.1")
         pytest.skip("this host has an NVIDIA driver")
     except OSError:
         pass
     reason = gpu_nvml.NvmlGpuProbe.unavailable(ProbeSettings())
-    assert reason == ("no NVIDIA driver (libnvidia-ml.so.1 not found); "
-                      "the GPU probe is off, the daemon runs on")
+    assert reason == (
+        "no NVIDIA driver (libnvidia-ml.so.1 not found); the GPU probe is off, the daemon runs on"
+    )
 
 
 def test_unavailable_names_missing_gpus(fake):
@@ -314,8 +352,11 @@ def test_reason_decoder_agrees_with_sql(store):
     assert decode_clock_event_reasons(0x600) == ["board_limit", "reliability"]
     assert decode_clock_event_reasons(0x801) == ["idle", "unknown_0x800"]
     assert is_slowdown(0x1) is False and is_slowdown(0x1 | 0x8) is True
-    got = rows(store, "SELECT m, gpu_clock_event_reason_names(m::UBIGINT), "
-                      "gpu_clock_event_is_slowdown(m::UBIGINT) FROM range(2048) t(m) ORDER BY m")
+    got = rows(
+        store,
+        "SELECT m, gpu_clock_event_reason_names(m::UBIGINT), "
+        "gpu_clock_event_is_slowdown(m::UBIGINT) FROM range(2048) t(m) ORDER BY m",
+    )
     assert len(got) == 2048
     for mask, names, slow in got:
         assert names == decode_clock_event_reasons(mask), mask
@@ -324,9 +365,11 @@ def test_reason_decoder_agrees_with_sql(store):
 
 def test_gpu_check_script_runs_against_the_fake(tmp_path, monkeypatch):
     import json
-    monkeypatch.setattr(pynvml, "nvmlLib", pynvml.nvmlLib)     # restored afterwards
+
+    monkeypatch.setattr(pynvml, "nvmlLib", pynvml.nvmlLib)  # restored afterwards
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
     import gpu_check
+
     out = tmp_path / "gpu_check.json"
     try:
         assert gpu_check.main(["--fake", "--quick", "--out", str(out)]) == 0
@@ -335,8 +378,11 @@ def test_gpu_check_script_runs_against_the_fake(tmp_path, monkeypatch):
     res = json.loads(out.read_text())
     assert res["gpu0"] == "NVIDIA H200" and res["fake"] is True
     lat = res["call_latency"]
-    assert {"nvmlDeviceGetClockInfo(SM)", "nvmlDeviceGetCurrentClocksEventReasons",
-            "nvmlDeviceGetFieldValues(POWER_INSTANT)"} <= set(lat)
+    assert {
+        "nvmlDeviceGetClockInfo(SM)",
+        "nvmlDeviceGetCurrentClocksEventReasons",
+        "nvmlDeviceGetFieldValues(POWER_INSTANT)",
+    } <= set(lat)
     assert all(v["errors"] == 0 and v["n"] > 0 for v in lat.values())
     assert res["buffers"]["processor_clock"]["period_us_median"] == 20_000
     assert res["buffers"]["processor_clock"]["depth"] == 100
@@ -348,9 +394,15 @@ def test_gpu_check_script_runs_against_the_fake(tmp_path, monkeypatch):
 
 def test_daemon_selects_and_runs_the_probe(fake, tmp_path):
     import duckdb
+
     from stallscope.service.server import Daemon
-    d = Daemon(str(tmp_path / "probe.sock"), str(tmp_path / "d.duckdb"), sched_backend="none",
-               settings=ProbeSettings(gpu_poll_hz=40))
+
+    d = Daemon(
+        str(tmp_path / "probe.sock"),
+        str(tmp_path / "d.duckdb"),
+        sched_backend="none",
+        settings=ProbeSettings(gpu_poll_hz=40),
+    )
     try:
         assert d.active_probes() == ["gpu=nvml"]
         gpu = d.probes[0]
@@ -360,37 +412,67 @@ def test_daemon_selects_and_runs_the_probe(fake, tmp_path):
     finally:
         d.shutdown()
     con = duckdb.connect(str(tmp_path / "d.duckdb"), read_only=True)
-    assert con.execute("SELECT count(*) >= 6 FROM nvml_samples WHERE source='poll'").fetchone() == (True,)
-    assert con.execute("SELECT count(*) > 0 FROM nvml_samples WHERE source='buffer'").fetchone() == (True,)
+    assert con.execute("SELECT count(*) >= 6 FROM nvml_samples WHERE source='poll'").fetchone() == (
+        True,
+    )
+    assert con.execute(
+        "SELECT count(*) > 0 FROM nvml_samples WHERE source='buffer'"
+    ).fetchone() == (True,)
     assert con.execute("SELECT clock FROM nvml_clock_sync LIMIT 1").fetchone() == ("realtime",)
-    states = con.execute("SELECT state FROM probe_status WHERE probe='gpu' ORDER BY ts_ns").fetchall()
+    states = con.execute(
+        "SELECT state FROM probe_status WHERE probe='gpu' ORDER BY ts_ns"
+    ).fetchall()
     assert states[-1] == ("stopped",) and ("active",) in states
 
 
 def test_step_gpu_clock_view(store):
     ms = 1_000_000
-    store.append("spans", {"run_id": [1, 1, 1], "tid": [7, 7, 7], "kind": ["step"] * 3,
-                           "stage": ["recurrent"] * 3, "batch": [8] * 3,
-                           "start_ns": [1000 * ms, 1010 * ms, 5000 * ms],
-                           "end_ns": [1004 * ms, 1013 * ms, 5003 * ms]})
+    store.append(
+        "spans",
+        {
+            "run_id": [1, 1, 1],
+            "tid": [7, 7, 7],
+            "kind": ["step"] * 3,
+            "stage": ["recurrent"] * 3,
+            "batch": [8] * 3,
+            "start_ns": [1000 * ms, 1010 * ms, 5000 * ms],
+            "end_ns": [1004 * ms, 1013 * ms, 5003 * ms],
+        },
+    )
     # poll samples at 10 Hz: full clock, then a power-cap at 1000 ms
-    store.append("nvml_samples", {
-        "gpu": [0, 0], "ts_ns": [900 * ms, 1000 * ms + 1], "source": ["poll", "poll"],
-        "sm_clock_mhz": [1980, 1410], "clock_event_reasons": [0, 0x4]})
+    store.append(
+        "nvml_samples",
+        {
+            "gpu": [0, 0],
+            "ts_ns": [900 * ms, 1000 * ms + 1],
+            "source": ["poll", "poll"],
+            "sm_clock_mhz": [1980, 1410],
+            "clock_event_reasons": [0, 0x4],
+        },
+    )
     # driver-buffer samples every 20 ms: a dip to 1095 MHz at 1011 ms only
-    store.append("nvml_samples", {
-        "gpu": [0, 0, 0], "ts_ns": [990 * ms, 1002 * ms, 1011 * ms], "source": ["buffer"] * 3,
-        "sm_clock_mhz": [1980, 1980, 1095]})
-    got = rows(store, "SELECT start_ns // 1000000, gpu, min_sm_clock_mhz, max_sm_clock_mhz, "
-                      "clock_event_reasons, reason_names, slowdown, samples_inside, lead_ns "
-                      "FROM gpu_step_clock ORDER BY start_ns")
+    store.append(
+        "nvml_samples",
+        {
+            "gpu": [0, 0, 0],
+            "ts_ns": [990 * ms, 1002 * ms, 1011 * ms],
+            "source": ["buffer"] * 3,
+            "sm_clock_mhz": [1980, 1980, 1095],
+        },
+    )
+    got = rows(
+        store,
+        "SELECT start_ns // 1000000, gpu, min_sm_clock_mhz, max_sm_clock_mhz, "
+        "clock_event_reasons, reason_names, slowdown, samples_inside, lead_ns "
+        "FROM gpu_step_clock ORDER BY start_ns",
+    )
     assert got == [
         # in force at start: poll 1980 (100 ms old), buffer 1980 (10 ms old);
         # inside: poll 1410 with sw_power_cap, buffer 1980
         (1000, 0, 1410, 1980, 4, ["sw_power_cap"], True, 2, 10 * ms),
         # in force: poll 1410 + cap (since 1000 ms), buffer 1980 (1002 ms); inside: the dip
         (1010, 0, 1095, 1980, 4, ["sw_power_cap"], True, 1, 8 * ms),
-    ]   # the step at 5000 ms has no sample within 250 ms: no row
+    ]  # the step at 5000 ms has no sample within 250 ms: no row
 
 
 def test_gpu_check_matmul_phase_with_a_stand_in_torch(tmp_path, monkeypatch):
@@ -398,14 +480,17 @@ def test_gpu_check_matmul_phase_with_a_stand_in_torch(tmp_path, monkeypatch):
     # a stand-in torch module whose "GPU" is a short sleep
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
     import gpu_check
+
     torch = types.ModuleType("torch")
     torch.bfloat16 = None
     torch.device = lambda name: name
     torch.randn = lambda *a, **k: object()
     torch.matmul = lambda a, b: None
-    torch.cuda = types.SimpleNamespace(is_available=lambda: True,
-                                       synchronize=lambda: time.sleep(0.001),
-                                       get_device_name=lambda i: "stand-in")
+    torch.cuda = types.SimpleNamespace(
+        is_available=lambda: True,
+        synchronize=lambda: time.sleep(0.001),
+        get_device_name=lambda i: "stand-in",
+    )
     monkeypatch.setitem(sys.modules, "torch", torch)
     res = gpu_check.matmul_effect(gpu_nvml, 0.2, 1, fake=True)
     assert res["run"] is True and res["device"] == "stand-in"

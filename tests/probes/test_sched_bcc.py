@@ -1,10 +1,16 @@
 """The bcc sched probe against the kernel's own per-thread counters, on real scheduling."""
 
 import pytest
+from sched_harness import (
+    CollectSink,
+    Workload,
+    check_contended,
+    check_flips,
+    check_markers,
+    check_untrack,
+)
 
 from conftest import require_privileged
-from sched_harness import (CollectSink, Workload, check_contended, check_flips,
-                           check_markers, check_untrack)
 from stallscope.probes.base import ProbeSettings
 from stallscope.probes.sched_bcc import BccSchedProbe
 
@@ -24,7 +30,7 @@ def probe():
 def work(probe):
     w = Workload()
     probe.track(w.pid)
-    w.start_thread()          # created after track(): must be followed
+    w.start_thread()  # created after track(): must be followed
     yield w
     probe.untrack(w.pid)
     w.close()
@@ -39,6 +45,7 @@ def test_contended_thread_matches_proc(probe, work):
         # only this worker is tracked here, so the global counters are its own
         lost_pre, lost_vol = st["lost_switch_in"]
         return vol + lost_vol, inv + lost_pre
+
     check_contended(probe, probe.sink, work, probe.drain, unseen)
     # every loss written says what was lost; none is a full ring
     for loss in probe.sink.losses:
@@ -66,6 +73,7 @@ def test_status_reports_reader_work(probe):
 
 def test_unavailable_says_how_to_fix(monkeypatch):
     import stallscope.probes.sched_bcc as mod
+
     monkeypatch.setattr(mod, "_has_bpf_privileges", lambda: False)
     assert "CAP_BPF+CAP_PERFMON" in BccSchedProbe.unavailable()
     monkeypatch.setattr(mod, "_has_bpf_privileges", lambda: True)
@@ -89,7 +97,7 @@ def test_ring_overflow_is_counted_as_loss():
         p.track(w.pid)
         w.start_thread()
         w.call("pin 0")
-        w.call("flip 400")            # 400 migration records, ~85 fit in a page
+        w.call("flip 400")  # 400 migration records, ~85 fit in a page
         p._check_losses()
         p.drain()
     finally:

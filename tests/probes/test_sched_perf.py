@@ -3,10 +3,16 @@
 import time
 
 import pytest
+from sched_harness import (
+    CollectSink,
+    Workload,
+    check_contended,
+    check_flips,
+    check_markers,
+    check_untrack,
+)
 
 from conftest import require_privileged
-from sched_harness import (CollectSink, Workload, check_contended, check_flips,
-                           check_markers, check_untrack)
 from stallscope.probes.sched_perf import PerfSchedProbe
 
 
@@ -28,7 +34,7 @@ def probe():
 def work(probe):
     w = Workload()
     probe.track(w.pid)
-    w.start_thread()          # created after track(): found by the /proc rescan
+    w.start_thread()  # created after track(): found by the /proc rescan
     deadline = time.monotonic() + 5
     while w.tid not in probe.migrations_counted() and time.monotonic() < deadline:
         time.sleep(0.01)

@@ -1,11 +1,10 @@
 """The /proc sched probe: real scheduling (totals exact per window) and a fixture procfs."""
 
-import os
 
 import numpy as np
 import pytest
-
 from sched_harness import CollectSink, Workload, spawn_hog, window
+
 from stallscope.probes.base import ProbeSettings
 from stallscope.probes.sched_proc import ProcSchedProbe
 
@@ -28,7 +27,7 @@ def probe():
 def work(probe):
     w = Workload()
     probe.track(w.pid)
-    w.start_thread()                   # born after track(): found by the rescan
+    w.start_thread()  # born after track(): found by the rescan
     yield w
     w.close()
 
@@ -84,8 +83,9 @@ def _write_task(root, pid, tid, run_ns, wait_ns, slices, vol, invol, mig, cpu):
     d = root / str(pid) / "task" / str(tid)
     d.mkdir(parents=True, exist_ok=True)
     (d / "schedstat").write_text(f"{run_ns} {wait_ns} {slices}\n")
-    (d / "status").write_text(f"Name:\tx\nvoluntary_ctxt_switches:\t{vol}\n"
-                              f"nonvoluntary_ctxt_switches:\t{invol}\n")
+    (d / "status").write_text(
+        f"Name:\tx\nvoluntary_ctxt_switches:\t{vol}\nnonvoluntary_ctxt_switches:\t{invol}\n"
+    )
     (d / "sched").write_text(f"x ({tid}, #threads: 1)\nse.nr_migrations  :  {mig}\n")
     fields = ["S"] + ["0"] * 35 + [str(cpu)] + ["0"] * 10
     (d / "stat").write_text(f"{tid} (a) b) " + " ".join(fields) + "\n")
@@ -97,12 +97,12 @@ def test_fixture_procfs(tmp_path):
     _write_task(root, 100, 100, 1000, 50, 3, 10, 2, 1, 0)
     sink = CollectSink()
     p = ProcSchedProbe(ProbeSettings(proc_root=str(root), sched_poll_hz=1.0))
-    p._sink = sink                       # no timer thread: drain() by hand
+    p._sink = sink  # no timer thread: drain() by hand
     p.track(100)
-    assert p.drain() == 0                # nothing changed yet
+    assert p.drain() == 0  # nothing changed yet
     # in-place rewrites keep the kept-open descriptors valid
     _write_task(root, 100, 100, 3000, 80, 5, 13, 6, 4, 1)
-    _write_task(root, 100, 101, 0, 0, 0, 0, 0, 0, 1)     # a new thread
+    _write_task(root, 100, 101, 0, 0, 0, 0, 0, 0, 1)  # a new thread
     assert p.drain() == 3
     off = sink.table("offcpu")
     assert list(off["events"]) == [7] and list(off["preempted_events"]) == [4]

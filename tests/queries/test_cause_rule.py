@@ -3,9 +3,18 @@
 import random
 
 import pytest
-
-from db import (MS, add_gc, add_migrations, add_offcpu, add_run, add_span, add_steps,
-                attribution, new_db, normal_steps)
+from db import (
+    MS,
+    add_gc,
+    add_migrations,
+    add_offcpu,
+    add_run,
+    add_span,
+    add_steps,
+    attribution,
+    new_db,
+    normal_steps,
+)
 
 PID, TID = 100, 11
 
@@ -40,7 +49,7 @@ def test_no_gc_pass_means_never_gc():
 def test_gc_on_another_thread_of_the_run_stalls_the_step():
     con = new_db()
     at = one_slow_step(con)
-    add_gc(con, 1, TID + 5, 2, at + 2, at + 6)    # 4 ms of the 5 ms excess
+    add_gc(con, 1, TID + 5, 2, at + 2, at + 6)  # 4 ms of the 5 ms excess
     row = slow_row(con)
     assert row["gc_ns"] == 4 * MS and row["gc_generation"] == 2 and row["cause"] == "gc"
 
@@ -48,25 +57,36 @@ def test_gc_on_another_thread_of_the_run_stalls_the_step():
 def test_empty_sched_and_gpu_tables():
     con = new_db()
     at = one_slow_step(con, slow_ms=20)
-    add_gc(con, 1, TID, 1, at + 1, at + 7)        # 6 ms of 10 ms excess
+    add_gc(con, 1, TID, 1, at + 1, at + 7)  # 6 ms of 10 ms excess
     rows = attribution(con)
     assert len(rows) == 10
     for r in rows:
-        assert (r["preempted_ns"], r["blocked_ns"], r["runq_ns"], r["migrations"], r["gpu_clock_ns"]) == (0, 0, 0, 0, 0)
+        assert (
+            r["preempted_ns"],
+            r["blocked_ns"],
+            r["runq_ns"],
+            r["migrations"],
+            r["gpu_clock_ns"],
+        ) == (0, 0, 0, 0, 0)
         assert r["sm_clock_min_mhz"] is None and r["clock_event_reasons"] is None
     assert slow_row(con)["cause"] == "gc"
     assert [r["cause"] for r in rows if r["duration_ns"] == 10 * MS] == [None] * 9
 
 
-@pytest.mark.parametrize("blocked_ns, cause", [
-    (2 * MS, "blocked"),           # exactly half of the 4 ms excess
-    (2 * MS - 1, "unexplained"),   # one ns short of half
-])
+@pytest.mark.parametrize(
+    "blocked_ns, cause",
+    [
+        (2 * MS, "blocked"),  # exactly half of the 4 ms excess
+        (2 * MS - 1, "unexplained"),  # one ns short of half
+    ],
+)
 def test_exactly_half_boundary(blocked_ns, cause):
     con = new_db()
-    at = one_slow_step(con, slow_ms=14)           # excess 4 ms
-    con.execute("INSERT INTO offcpu (pid, tid, start_ns, end_ns, preempted, cpu) VALUES (?, ?, ?, ?, false, 0)",
-                [PID, TID, (at + 5) * MS, (at + 5) * MS + blocked_ns])
+    at = one_slow_step(con, slow_ms=14)  # excess 4 ms
+    con.execute(
+        "INSERT INTO offcpu (pid, tid, start_ns, end_ns, preempted, cpu) VALUES (?, ?, ?, ?, false, 0)",
+        [PID, TID, (at + 5) * MS, (at + 5) * MS + blocked_ns],
+    )
     row = slow_row(con)
     assert row["excess_ns"] == 4 * MS and row["blocked_ns"] == blocked_ns
     assert row["cause"] == cause
@@ -74,7 +94,7 @@ def test_exactly_half_boundary(blocked_ns, cause):
 
 def test_slow_boundary_and_parameter():
     con = new_db()
-    one_slow_step(con, slow_ms=12)                # exactly 1.2 x baseline: not slow
+    one_slow_step(con, slow_ms=12)  # exactly 1.2 x baseline: not slow
     assert slow_row(con)["slow"] is False and slow_row(con)["cause"] is None
     con.execute("SET VARIABLE step_slow_factor = 1.1")
     assert slow_row(con)["slow"] is True and slow_row(con)["cause"] == "unexplained"
@@ -86,7 +106,7 @@ def test_slow_boundary_and_parameter():
 def test_migration_rule(count, cause):
     """migration_ns = migrations x 50 us; 50 of them are exactly half of 5 ms."""
     con = new_db()
-    at = one_slow_step(con)                       # excess 5 ms
+    at = one_slow_step(con)  # excess 5 ms
     add_migrations(con, PID, TID, [at + 1 + i * 0.1 for i in range(count)])
     row = slow_row(con)
     assert row["migrations"] == count and row["migration_ns"] == count * 50_000
@@ -95,13 +115,13 @@ def test_migration_rule(count, cause):
 
 def test_migration_cost_parameter_and_tie_with_preemption():
     con = new_db()
-    at = one_slow_step(con)                       # excess 5 ms
+    at = one_slow_step(con)  # excess 5 ms
     add_migrations(con, PID, TID, [at + 1 + i * 0.1 for i in range(10)])
-    assert slow_row(con)["cause"] == "unexplained"     # 10 x 50 us = 0.5 ms
+    assert slow_row(con)["cause"] == "unexplained"  # 10 x 50 us = 0.5 ms
     con.execute("SET VARIABLE step_migration_cost_ns = 300000")
-    assert slow_row(con)["cause"] == "migration"       # 10 x 300 us = 3 ms
+    assert slow_row(con)["cause"] == "migration"  # 10 x 300 us = 3 ms
     add_offcpu(con, PID, TID, at + 10, at + 13, True)  # 3 ms preempted: a tie
-    assert slow_row(con)["cause"] == "preemption"      # the more specific wins
+    assert slow_row(con)["cause"] == "preemption"  # the more specific wins
 
 
 def test_gc_inside_submit_is_gc_not_submit():
@@ -111,7 +131,7 @@ def test_gc_inside_submit_is_gc_not_submit():
     add_steps(con, 1, TID, steps)
     for s, e in steps:
         add_span(con, 1, TID, "submit", s + 1, s + 2 if e - s == 10 else s + 33, depth=1)
-    add_gc(con, 1, TID, 2, 1003, 1031)            # 28 ms GC inside a 32 ms submit
+    add_gc(con, 1, TID, 2, 1003, 1031)  # 28 ms GC inside a 32 ms submit
     row = slow_row(con)
     assert row["submit_excess_ns"] == 31 * MS and row["gc_ns"] == 28 * MS
     assert row["submit_host_ns"] == 3 * MS and row["cause"] == "gc"
@@ -120,10 +140,14 @@ def test_gc_inside_submit_is_gc_not_submit():
 def brute_force(steps, gcs, offs):
     """Per step (run, tid, start, end): gc_ns, preempted_ns, blocked_ns by direct intersection."""
     out = {}
-    for (run, tid, s, e) in steps:
+    for run, tid, s, e in steps:
         gc = sum(max(0, min(ge, e) - max(gs, s)) for (grun, gs, ge) in gcs if grun == run)
-        pre = sum(max(0, min(oe, e) - max(os_, s)) for (otid, os_, oe, p) in offs if otid == tid and p)
-        blk = sum(max(0, min(oe, e) - max(os_, s)) for (otid, os_, oe, p) in offs if otid == tid and not p)
+        pre = sum(
+            max(0, min(oe, e) - max(os_, s)) for (otid, os_, oe, p) in offs if otid == tid and p
+        )
+        blk = sum(
+            max(0, min(oe, e) - max(os_, s)) for (otid, os_, oe, p) in offs if otid == tid and not p
+        )
         out[(run, tid, s)] = (gc, pre, blk)
     return out
 
@@ -150,13 +174,21 @@ def test_interval_joins_match_brute_force(seed):
         tid = rnd.choice((11, 12))
         s = rnd.randint(0, 200) * MS + rnd.randint(0, MS)
         offs.append((tid, s, s + rnd.randint(1, 25 * MS), rnd.random() < 0.5))
-    for (run, tid, s, e) in steps:
+    for run, tid, s, e in steps:
         add_span(con, run, tid, "step", s / MS, e / MS)
-    for (run, s, e) in gcs:
-        con.execute("INSERT INTO gc_events (run_id, tid, generation, start_ns, end_ns) VALUES (1, 99, 0, ?, ?)", [s, e])
-    for (tid, s, e, p) in offs:
-        con.execute("INSERT INTO offcpu (pid, tid, start_ns, end_ns, preempted, cpu) VALUES (?, ?, ?, ?, ?, 0)", [PID, tid, s, e, p])
+    for run, s, e in gcs:
+        con.execute(
+            "INSERT INTO gc_events (run_id, tid, generation, start_ns, end_ns) VALUES (1, 99, 0, ?, ?)",
+            [s, e],
+        )
+    for tid, s, e, p in offs:
+        con.execute(
+            "INSERT INTO offcpu (pid, tid, start_ns, end_ns, preempted, cpu) VALUES (?, ?, ?, ?, ?, 0)",
+            [PID, tid, s, e, p],
+        )
     want = brute_force(steps, gcs, offs)
-    got = {(r["run_id"], r["tid"], r["start_ns"]): (r["gc_ns"], r["preempted_ns"], r["blocked_ns"])
-           for r in attribution(con)}
+    got = {
+        (r["run_id"], r["tid"], r["start_ns"]): (r["gc_ns"], r["preempted_ns"], r["blocked_ns"])
+        for r in attribution(con)
+    }
     assert got == want

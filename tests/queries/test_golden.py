@@ -28,8 +28,12 @@ def render(columns, rows):
     w = csv.writer(out, lineterminator="\n")
     w.writerow(columns)
     for row in rows:
-        w.writerow(["" if v is None else ("true" if v is True else "false" if v is False else v)
-                    for v in row])
+        w.writerow(
+            [
+                "" if v is None else ("true" if v is True else "false" if v is False else v)
+                for v in row
+            ]
+        )
     return out.getvalue()
 
 
@@ -49,6 +53,7 @@ def test_every_query_file_loads():
     con = duckdb.connect()
     apply_schema(con)
     from stallscope.analysis import views
+
     assert views.create_views(con) == []
 
 
@@ -57,8 +62,11 @@ def test_every_view_has_a_golden_case():
     root = Path(__file__).resolve().parents[2] / "queries"
     public = set()
     for path in sorted(root.glob("step/*.sql")) + sorted(root.glob("seed/*.sql")):
-        public |= {m for m in re.findall(r"CREATE OR REPLACE VIEW (\w+)", path.read_text())
-                   if not m.startswith("_")}
+        public |= {
+            m
+            for m in re.findall(r"CREATE OR REPLACE VIEW (\w+)", path.read_text())
+            if not m.startswith("_")
+        }
     assert "step_attribution" in public
     cased = {p.stem for p in CASES}
     assert public - cased == set(), "views without a golden case"

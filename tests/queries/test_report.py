@@ -5,43 +5,60 @@ import re
 import numpy as np
 import pyarrow as pa
 import pytest
-
 from db import MS, new_db
+
 from stallscope.analysis.compare import RunNotFound, compare_runs
 from stallscope.analysis.formatting import format_rows
 from stallscope.analysis.report import build_report
 
-N = 2000          # steps per run
-STALL = 1501      # index of the step the gen-2 pass stalls in run 1
+N = 2000  # steps per run
+STALL = 1501  # index of the step the gen-2 pass stalls in run 1
 
 
 def build_db():
     """Run 1 (A): 5 ms steps, one 100 ms gen-2 pass inside step 1500.
     Run 2 (B): the same steps 10% slower and no gen-2 pass."""
     con = new_db()
-    con.execute("INSERT INTO runs (run_id, pid, label) VALUES (1, 100, 'before'), (2, 200, 'freeze')")
+    con.execute(
+        "INSERT INTO runs (run_id, pid, label) VALUES (1, 100, 'before'), (2, 200, 'freeze')"
+    )
     for run_id, factor in ((1, 1.0), (2, 1.1)):
         dur = np.full(N, round(5 * MS * factor), dtype=np.int64)
-        dur[::2] += 10_000        # two shapes of duration, so medians are not trivial
+        dur[::2] += 10_000  # two shapes of duration, so medians are not trivial
         if run_id == 1:
             dur[STALL] = 105 * MS
         start = 10**9 * run_id * 100 + np.cumsum(dur + MS) - (dur + MS)
         stage = np.where(np.arange(N) % 4 == 0, "prefill", "recurrent")
-        tbl = pa.table({"run_id": np.full(N, run_id), "tid": np.full(N, 11 + run_id), "kind": ["step"] * N,
-                        "stage": stage, "batch": np.full(N, 4, dtype=np.int32),
-                        "start_ns": start, "end_ns": start + dur, "depth": np.zeros(N, np.int16),
-                        "seq": np.arange(N)})
+        tbl = pa.table(
+            {
+                "run_id": np.full(N, run_id),
+                "tid": np.full(N, 11 + run_id),
+                "kind": ["step"] * N,
+                "stage": stage,
+                "batch": np.full(N, 4, dtype=np.int32),
+                "start_ns": start,
+                "end_ns": start + dur,
+                "depth": np.zeros(N, np.int16),
+                "seq": np.arange(N),
+            }
+        )
         con.register("_t", tbl)
         con.execute("INSERT INTO spans BY NAME SELECT * FROM _t")
         con.unregister("_t")
         if run_id == 1:
             gs = int(start[STALL]) + 2 * MS
-            con.execute("INSERT INTO gc_events (run_id, tid, generation, start_ns, end_ns, collected) "
-                        "VALUES (1, 12, 2, ?, ?, 1172)", [gs, gs + 100 * MS])
-        for k in range(5):   # gen-0 passes of 0.5 ms in steps 100, 300, ...
+            con.execute(
+                "INSERT INTO gc_events (run_id, tid, generation, start_ns, end_ns, collected) "
+                "VALUES (1, 12, 2, ?, ?, 1172)",
+                [gs, gs + 100 * MS],
+            )
+        for k in range(5):  # gen-0 passes of 0.5 ms in steps 100, 300, ...
             gs = int(start[100 + 200 * k]) + MS
-            con.execute("INSERT INTO gc_events (run_id, tid, generation, start_ns, end_ns, collected) "
-                        "VALUES (?, ?, 0, ?, ?, 10)", [run_id, 11 + run_id, gs, gs + MS // 2])
+            con.execute(
+                "INSERT INTO gc_events (run_id, tid, generation, start_ns, end_ns, collected) "
+                "VALUES (?, ?, 0, ?, ?, 10)",
+                [run_id, 11 + run_id, gs, gs + MS // 2],
+            )
     return con
 
 
@@ -75,6 +92,7 @@ def test_report_text_has_the_numbers(con, tmp_path):
 
 def test_report_figures_exist_and_show_red(con, tmp_path):
     import matplotlib.image as mpimg
+
     text = build_report(con, out_dir=str(tmp_path), run_ids=[1])
     pngs = sorted(p.name for p in tmp_path.glob("*.png"))
     assert pngs == ["run_1_gen2_1.png", "run_1_steps.png"]
@@ -119,9 +137,14 @@ def test_format_rows_all_formats():
     rows = [(1, "run_01", 99.5, True), (12, None, 1.25, False)]
     table = format_rows(cols, rows, "table").splitlines()
     assert table[0].split() == cols and len({len(ln) for ln in table[:2]}) == 1
-    assert table[2].index("99.5") + 4 == table[3].index("1.25") + 4   # numbers right-aligned
-    assert format_rows(cols, rows, "csv") == "run_id,label,pause_ms,stall\n1,run_01,99.5,true\n12,,1.25,false\n"
-    assert format_rows(cols, rows, "json").splitlines()[1] == \
-        '{"run_id": 12, "label": null, "pause_ms": 1.25, "stall": false}'
+    assert table[2].index("99.5") + 4 == table[3].index("1.25") + 4  # numbers right-aligned
+    assert (
+        format_rows(cols, rows, "csv")
+        == "run_id,label,pause_ms,stall\n1,run_01,99.5,true\n12,,1.25,false\n"
+    )
+    assert (
+        format_rows(cols, rows, "json").splitlines()[1]
+        == '{"run_id": 12, "label": null, "pause_ms": 1.25, "stall": false}'
+    )
     with pytest.raises(ValueError, match="use one of table, csv, json"):
         format_rows(cols, rows, "xml")

@@ -58,8 +58,9 @@ class Engine:
 
 def instrument(probe, engine):
     probe.attach(engine, "_step", kind="step")
-    probe.attach(engine, "_schedule", kind="schedule", stage="result.phase",
-                 batch="len(result.requests)")
+    probe.attach(
+        engine, "_schedule", kind="schedule", stage="result.phase", batch="len(result.requests)"
+    )
     probe.attach(engine, "executor.submit", kind="submit")
     probe.attach(Ticket, "collect", kind="collect")
 
@@ -82,6 +83,7 @@ def probe(request, tmp_path):
         p.close()
         return
     from daemonproc import DaemonProcess
+
     d = DaemonProcess(tmp_path).start()
     p = probe_client.connect(socket_path=d.socket, gc=False)
     assert p.connected
@@ -145,12 +147,14 @@ def test_gc_callback_retains_nothing(tmp_path, gc_off):
 
 def test_exceptions_from_the_wrapped_call_pass_through_and_are_timed(tmp_path):
     from daemonproc import DaemonProcess
+
     d = DaemonProcess(tmp_path).start()
     p = probe_client.connect(socket_path=d.socket, gc=False)
 
     class Flaky:
         def submit(self, batch):
             raise ValueError("engine error")
+
     flaky = Flaky()
     p.attach(flaky, "submit", kind="submit", batch="len(arg0)")
     with pytest.raises(ValueError, match="engine error"):

@@ -4,8 +4,6 @@ import os
 import subprocess
 import sys
 
-import pytest
-
 from stallscope.demo import scenario
 
 
@@ -16,9 +14,9 @@ def test_request_walks_the_recurrent_depth_stages():
         seen.append(r.phase)
         r.advance()
     assert seen[0] == "prefill"
-    first = seen[1:1 + 1 + scenario.FIRST_TOKEN_LOOPS + 1]
+    first = seen[1 : 1 + 1 + scenario.FIRST_TOKEN_LOOPS + 1]
     assert first == ["prelude"] + ["recurrent"] * scenario.FIRST_TOKEN_LOOPS + ["coda"]
-    later = seen[len(first) + 1:len(first) + 1 + scenario.LATER_TOKEN_LOOPS + 2]
+    later = seen[len(first) + 1 : len(first) + 1 + scenario.LATER_TOKEN_LOOPS + 2]
     assert later == ["prelude"] + ["recurrent"] * scenario.LATER_TOKEN_LOOPS + ["coda"]
     assert seen.count("coda") == scenario.OUTPUT_TOKENS
 
@@ -39,20 +37,35 @@ def test_schedule_is_fcfs_by_stage_with_prefill_first():
 
 def _run(daemon, *args, duration=14):
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
-    subprocess.run([sys.executable, "-m", "stallscope.demo.scenario", daemon.socket,
-                    "--duration", str(duration), "--warmup", "3", *args],
-                   check=True, env=env, timeout=120)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "stallscope.demo.scenario",
+            daemon.socket,
+            "--duration",
+            str(duration),
+            "--warmup",
+            "3",
+            *args,
+        ],
+        check=True,
+        env=env,
+        timeout=120,
+    )
     assert daemon.stop()[0] == 0
 
 
 def test_gc_pressure_makes_a_gen2_pause_stall_a_step(daemon):
     _run(daemon, "--gc-pressure", "--label", "leaky")
-    steps = daemon.query("SELECT stage, count(*), median(end_ns - start_ns) FROM spans "
-                         "WHERE kind = 'step' GROUP BY stage")
+    steps = daemon.query(
+        "SELECT stage, count(*), median(end_ns - start_ns) FROM spans "
+        "WHERE kind = 'step' GROUP BY stage"
+    )
     by_stage = {s: (n, med / 1e6) for s, n, med in steps}
     assert set(by_stage) == {"prefill", "prelude", "recurrent", "coda"}
     for stage in ("prelude", "recurrent", "coda"):
-        assert 2.0 < by_stage[stage][1] < 20.0, by_stage   # ~4-7 ms; generous on a busy box
+        assert 2.0 < by_stage[stage][1] < 20.0, by_stage  # ~4-7 ms; generous on a busy box
     assert by_stage["prefill"][1] > 3 * by_stage["recurrent"][1]
     gen2 = daemon.query("""
         SELECT g.end_ns - g.start_ns, s.end_ns - s.start_ns, s.stage
@@ -63,12 +76,15 @@ def test_gc_pressure_makes_a_gen2_pause_stall_a_step(daemon):
     assert len(gen2) >= 1
     pause_ns, step_ns, stage = gen2[0]
     assert step_ns >= pause_ns
-    assert step_ns > 3 * by_stage[stage][1] * 1e6   # the overlapped step stands out
+    assert step_ns > 3 * by_stage[stage][1] * 1e6  # the overlapped step stands out
 
 
 def test_without_gc_pressure_no_gen2_in_steady_state(daemon):
     _run(daemon, "--label", "clean", duration=10)
     assert daemon.scalar("SELECT count(*) FROM spans WHERE kind = 'step'") > 300
-    assert daemon.scalar("""
+    assert (
+        daemon.scalar("""
         SELECT count(*) FROM gc_events WHERE generation = 2
-          AND start_ns > (SELECT min(start_ns) FROM spans WHERE kind = 'window')""") == 0
+          AND start_ns > (SELECT min(start_ns) FROM spans WHERE kind = 'window')""")
+        == 0
+    )

@@ -13,8 +13,6 @@ import textwrap
 import threading
 import time
 
-import pytest
-
 import probe_client
 from daemonproc import DaemonProcess
 from probe_client import wire
@@ -43,12 +41,16 @@ def test_records_sent_equal_records_stored(daemon):
     rc, took = daemon.stop()
     assert rc == 0
     assert daemon.scalar("SELECT count(*) FROM spans") == n
-    expected = {"prelude": len(range(0, n, 3)), "recurrent": len(range(1, n, 3)),
-                "coda": len(range(2, n, 3))}
+    expected = {
+        "prelude": len(range(0, n, 3)),
+        "recurrent": len(range(1, n, 3)),
+        "coda": len(range(2, n, 3)),
+    }
     assert dict(daemon.query("SELECT stage, count(*) FROM spans GROUP BY stage")) == expected
     assert daemon.scalar("SELECT count(DISTINCT seq) FROM spans") == n
     assert daemon.query("SELECT label, last_seq, records, pid FROM runs") == [
-        ("count", n - 1, n, os.getpid())]
+        ("count", n - 1, n, os.getpid())
+    ]
     assert daemon.scalar("SELECT count(*) FROM losses") == 0
 
 
@@ -57,16 +59,29 @@ def test_sequence_gap_is_stored_as_loss(daemon):
     s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     s.connect(daemon.socket)
     hello = json.dumps({"run_token": 77, "label": "raw"}).encode()
-    s.send(wire.HEADER.pack(wire.MAGIC, wire.VERSION, wire.DGRAM_HELLO, 0, 32, 0, 1, 0, 0)
-           + hello)
+    s.send(wire.HEADER.pack(wire.MAGIC, wire.VERSION, wire.DGRAM_HELLO, 0, 32, 0, 1, 0, 0) + hello)
 
     def records(first_seq, n, drops_disc):
-        body = b"".join(wire.RECORD.pack(wire.REC_GC, 0, 0, 1, 100 + i, 200 + i, 3, 0)
-                        for i in range(n))
-        return wire.HEADER.pack(wire.MAGIC, wire.VERSION, wire.DGRAM_RECORDS, n, 32,
-                                first_seq, 1000 + first_seq, 0, drops_disc) + body
+        body = b"".join(
+            wire.RECORD.pack(wire.REC_GC, 0, 0, 1, 100 + i, 200 + i, 3, 0) for i in range(n)
+        )
+        return (
+            wire.HEADER.pack(
+                wire.MAGIC,
+                wire.VERSION,
+                wire.DGRAM_RECORDS,
+                n,
+                32,
+                first_seq,
+                1000 + first_seq,
+                0,
+                drops_disc,
+            )
+            + body
+        )
+
     s.send(records(0, 10, 0))
-    s.send(records(50, 10, 40))     # 10..49 never arrive
+    s.send(records(50, 10, 40))  # 10..49 never arrive
     s.close()
     assert daemon.stop()[0] == 0
     assert daemon.query("SELECT count, reason FROM losses") == [(40, "client_disconnected")]
@@ -117,14 +132,14 @@ def test_daemon_absent_started_killed_restarted(tmp_path):
             probe.end("step", probe.begin())
         probe.flush()
 
-    burst(100)                       # no daemon: counted drops, no exception
+    burst(100)  # no daemon: counted drops, no exception
     assert probe.stats()["drops_disconnected"] == 100
     d.start()
     assert _wait(lambda: (probe.flush(), probe.connected)[1], 5.0)
     burst(200)
-    time.sleep(0.5)                  # let the daemon commit (every 200 ms)
-    d.kill()                         # SIGKILL: whatever was not committed is lost
-    burst(50)                        # daemon gone again
+    time.sleep(0.5)  # let the daemon commit (every 200 ms)
+    d.kill()  # SIGKILL: whatever was not committed is lost
+    burst(50)  # daemon gone again
     d.start()
     assert _wait(lambda: (probe.flush(), probe.connected)[1], 5.0)
     burst(70)
@@ -140,16 +155,21 @@ def test_daemon_absent_started_killed_restarted(tmp_path):
     assert stored + lost == total
     assert stored >= 270
     assert d.query("SELECT count(*), max(connections) FROM runs") == [(1, 2)]
-    assert d.scalar("SELECT count(*) FROM losses WHERE reason IN "
-                    "('client_disconnected', 'daemon_restart', 'sequence_gap')") >= 1
+    assert (
+        d.scalar(
+            "SELECT count(*) FROM losses WHERE reason IN "
+            "('client_disconnected', 'daemon_restart', 'sequence_gap')"
+        )
+        >= 1
+    )
 
 
 MALFORMED = [
-    b"",                                             # empty (EOF-like; sent as 0 bytes)
-    b"\x00" * 5,                                     # short
-    b"XX" + b"\x00" * 30,                            # bad magic
+    b"",  # empty (EOF-like; sent as 0 bytes)
+    b"\x00" * 5,  # short
+    b"XX" + b"\x00" * 30,  # bad magic
     wire.HEADER.pack(wire.MAGIC, 9, wire.DGRAM_RECORDS, 0, 32, 0, 0, 0, 0),  # bad version
-    wire.HEADER.pack(wire.MAGIC, wire.VERSION, 77, 0, 32, 0, 0, 0, 0),       # bad kind
+    wire.HEADER.pack(wire.MAGIC, wire.VERSION, 77, 0, 32, 0, 0, 0, 0),  # bad kind
 ]
 
 
@@ -165,27 +185,41 @@ def test_malformed_datagrams_are_counted_and_others_unaffected(daemon):
             if sent[0] % 50 == 0:
                 good.flush()
                 time.sleep(0.001)
+
     t = threading.Thread(target=well_behaved)
     t.start()
     bad = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     bad.connect(daemon.socket)
-    bad.send(wire.HEADER.pack(wire.MAGIC, wire.VERSION, wire.DGRAM_RECORDS, 1, 32, 0, 0, 0, 0)
-             + bytes(32))                                            # records before hello
-    bad.send(wire.HEADER.pack(wire.MAGIC, wire.VERSION, wire.DGRAM_HELLO, 0, 32, 0, 0, 0, 0)
-             + b"{not json")                                         # bad hello
-    bad.send(wire.HEADER.pack(wire.MAGIC, wire.VERSION, wire.DGRAM_HELLO, 0, 32, 0, 0, 0, 0)
-             + json.dumps({"run_token": 5}).encode())                # good hello
-    bad.send(wire.HEADER.pack(wire.MAGIC, wire.VERSION, wire.DGRAM_HELLO, 0, 32, 0, 0, 0, 0)
-             + b"{}")                                                # second hello
+    bad.send(
+        wire.HEADER.pack(wire.MAGIC, wire.VERSION, wire.DGRAM_RECORDS, 1, 32, 0, 0, 0, 0)
+        + bytes(32)
+    )  # records before hello
+    bad.send(
+        wire.HEADER.pack(wire.MAGIC, wire.VERSION, wire.DGRAM_HELLO, 0, 32, 0, 0, 0, 0)
+        + b"{not json"
+    )  # bad hello
+    bad.send(
+        wire.HEADER.pack(wire.MAGIC, wire.VERSION, wire.DGRAM_HELLO, 0, 32, 0, 0, 0, 0)
+        + json.dumps({"run_token": 5}).encode()
+    )  # good hello
+    bad.send(
+        wire.HEADER.pack(wire.MAGIC, wire.VERSION, wire.DGRAM_HELLO, 0, 32, 0, 0, 0, 0) + b"{}"
+    )  # second hello
     for dgram in MALFORMED[1:]:
         bad.send(dgram)
-    bad.send(wire.HEADER.pack(wire.MAGIC, wire.VERSION, wire.DGRAM_RECORDS, 3, 32, 0, 0, 0, 0)
-             + bytes(32))                                            # length lies
-    bad.send(wire.HEADER.pack(wire.MAGIC, wire.VERSION, wire.DGRAM_RECORDS, 2, 32, 0, 0, 0, 0)
-             + wire.RECORD.pack(99, 0, 0, 1, 1, 2, 0, 0)             # unknown type
-             + wire.RECORD.pack(wire.REC_SPAN, 0, 0, 1, 9, 2, 0, 0))  # ends before start
-    bad.send(wire.HEADER.pack(wire.MAGIC, wire.VERSION, wire.DGRAM_RECORDS, 1, 32, 1, 0, 0, 0)
-             + wire.RECORD.pack(wire.REC_GC, 0, 0, 1, 1, 2, 0, 0))   # replayed sequence
+    bad.send(
+        wire.HEADER.pack(wire.MAGIC, wire.VERSION, wire.DGRAM_RECORDS, 3, 32, 0, 0, 0, 0)
+        + bytes(32)
+    )  # length lies
+    bad.send(
+        wire.HEADER.pack(wire.MAGIC, wire.VERSION, wire.DGRAM_RECORDS, 2, 32, 0, 0, 0, 0)
+        + wire.RECORD.pack(99, 0, 0, 1, 1, 2, 0, 0)  # unknown type
+        + wire.RECORD.pack(wire.REC_SPAN, 0, 0, 1, 9, 2, 0, 0)
+    )  # ends before start
+    bad.send(
+        wire.HEADER.pack(wire.MAGIC, wire.VERSION, wire.DGRAM_RECORDS, 1, 32, 1, 0, 0, 0)
+        + wire.RECORD.pack(wire.REC_GC, 0, 0, 1, 1, 2, 0, 0)
+    )  # replayed sequence
     bad.close()
     time.sleep(0.5)
     stop.set()
@@ -194,11 +228,25 @@ def test_malformed_datagrams_are_counted_and_others_unaffected(daemon):
     assert good.stats()["sent_records"] == sent[0]
     assert daemon.stop()[0] == 0
     errors = dict(daemon.query("SELECT reason, sum(count) FROM ingest_errors GROUP BY ALL"))
-    assert errors == {"no_hello": 1, "bad_hello": 1, "duplicate_hello": 1, "short_datagram": 1,
-                      "bad_magic": 1, "bad_version": 1, "bad_kind": 1, "length_mismatch": 1,
-                      "unknown_record_type": 1, "span_end_before_start": 1, "seq_regress": 1}
-    assert daemon.scalar("SELECT count(*) FROM spans s JOIN runs r USING (run_id) "
-                         "WHERE r.label = 'good'") == sent[0]
+    assert errors == {
+        "no_hello": 1,
+        "bad_hello": 1,
+        "duplicate_hello": 1,
+        "short_datagram": 1,
+        "bad_magic": 1,
+        "bad_version": 1,
+        "bad_kind": 1,
+        "length_mismatch": 1,
+        "unknown_record_type": 1,
+        "span_end_before_start": 1,
+        "seq_regress": 1,
+    }
+    assert (
+        daemon.scalar(
+            "SELECT count(*) FROM spans s JOIN runs r USING (run_id) WHERE r.label = 'good'"
+        )
+        == sent[0]
+    )
     assert daemon.scalar("SELECT count(*) FROM losses") == 0
 
 
@@ -211,6 +259,7 @@ def test_spans_from_many_threads_keep_their_native_tid(daemon):
         for _ in range(500):
             with probe.span("work", stage="coda", batch=2):
                 pass
+
     threads = [threading.Thread(target=worker) for _ in range(4)]
     for t in threads:
         t.start()
@@ -241,13 +290,14 @@ def test_forked_child_is_its_own_run(daemon):
         p.close()
         print(pid)
     """)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=60)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     child_pid = int(out.stdout.strip())
     assert daemon.stop()[0] == 0
-    runs = daemon.query("SELECT r.pid, count(s.seq), min(s.kind), max(s.kind) FROM runs r "
-                        "LEFT JOIN spans s USING (run_id) GROUP BY r.pid ORDER BY r.pid")
+    runs = daemon.query(
+        "SELECT r.pid, count(s.seq), min(s.kind), max(s.kind) FROM runs r "
+        "LEFT JOIN spans s USING (run_id) GROUP BY r.pid ORDER BY r.pid"
+    )
     by_pid = {r[0]: r[1:] for r in runs}
     assert by_pid[child_pid] == (7, "child-step", "child-step")
     parent = [v for k, v in by_pid.items() if k != child_pid]
@@ -257,12 +307,13 @@ def test_forked_child_is_its_own_run(daemon):
 def test_pid_comes_from_the_kernel_not_the_client(daemon):
     s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     s.connect(daemon.socket)
-    s.send(wire.HEADER.pack(wire.MAGIC, wire.VERSION, wire.DGRAM_HELLO, 0, 32, 0, 0, 0, 0)
-           + json.dumps({"run_token": 9, "pid": 1}).encode())
+    s.send(
+        wire.HEADER.pack(wire.MAGIC, wire.VERSION, wire.DGRAM_HELLO, 0, 32, 0, 0, 0, 0)
+        + json.dumps({"run_token": 9, "pid": 1}).encode()
+    )
     s.close()
     assert daemon.stop()[0] == 0
-    assert daemon.query("SELECT pid, claimed_pid, uid FROM runs") == [(os.getpid(), 1,
-                                                                       os.getuid())]
+    assert daemon.query("SELECT pid, claimed_pid, uid FROM runs") == [(os.getpid(), 1, os.getuid())]
 
 
 def test_probe_never_raises_on_bad_input(daemon):

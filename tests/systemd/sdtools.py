@@ -32,7 +32,7 @@ class NotifyListener:
             self.sock.bind(str(path))
             self.address = str(path)
         self.sock.settimeout(0.1)
-        self.messages = []      # (monotonic s, {key: value}) in arrival order
+        self.messages = []  # (monotonic s, {key: value}) in arrival order
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -41,7 +41,7 @@ class NotifyListener:
         while not self._stop.is_set():
             try:
                 data = self.sock.recv(65536)
-            except socket.timeout:
+            except TimeoutError:
                 continue
             except OSError:
                 return
@@ -53,12 +53,17 @@ class NotifyListener:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             for i, (_, fields) in enumerate(list(self.messages)[after:], after):
-                if key in fields and (value is None or fields[key] == value) \
-                        and (pred is None or pred(fields[key])):
+                if (
+                    key in fields
+                    and (value is None or fields[key] == value)
+                    and (pred is None or pred(fields[key]))
+                ):
                     return i
             time.sleep(0.02)
-        raise AssertionError(f"no {key}={value or '*'} notification in {timeout_s} s; got "
-                             f"{[m for _, m in self.messages]}")
+        raise AssertionError(
+            f"no {key}={value or '*'} notification in {timeout_s} s; got "
+            f"{[m for _, m in self.messages]}"
+        )
 
     def times(self, key):
         return [t for t, fields in list(self.messages) if key in fields]
@@ -83,8 +88,14 @@ class ServiceProcess:
         self.config.write_text(config_text)
         self.log = self.dir / "daemon.log"
         self.env = dict(os.environ)
-        for var in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS",
-                    "LISTEN_PID", "LISTEN_FDNAMES"):
+        for var in (
+            "NOTIFY_SOCKET",
+            "WATCHDOG_USEC",
+            "WATCHDOG_PID",
+            "LISTEN_FDS",
+            "LISTEN_PID",
+            "LISTEN_FDNAMES",
+        ):
             self.env.pop(var, None)
         self.env.update(env or {})
         self.args = list(args)
@@ -92,14 +103,28 @@ class ServiceProcess:
         self.proc = None
 
     def command(self):
-        return self.prefix + [sys.executable, "-m", "stallscope.cli", "daemon",
-                              "--config", str(self.config), "--socket", self.socket,
-                              "--db", self.db] + self.args
+        return (
+            self.prefix
+            + [
+                sys.executable,
+                "-m",
+                "stallscope.cli",
+                "daemon",
+                "--config",
+                str(self.config),
+                "--socket",
+                self.socket,
+                "--db",
+                self.db,
+            ]
+            + self.args
+        )
 
     def start(self):
         self._logf = open(self.log, "a")
-        self.proc = subprocess.Popen(self.command(), env=self.env, stdout=self._logf,
-                                     stderr=subprocess.STDOUT, cwd=REPO)
+        self.proc = subprocess.Popen(
+            self.command(), env=self.env, stdout=self._logf, stderr=subprocess.STDOUT, cwd=REPO
+        )
         return self
 
     def read_log(self):
@@ -142,6 +167,7 @@ def proc_backend_available():
     """True when the /proc scheduling backend is part of this tree (merged)."""
     try:
         from stallscope.probes import registry
+
         cls, _ = registry.select_backend("sched", prefer="proc")
         return cls is not None
     except Exception:
@@ -150,8 +176,9 @@ def proc_backend_available():
 
 def syscall_groups():
     """{'@group': [members]} as this systemd defines them."""
-    out = subprocess.run(["systemd-analyze", "syscall-filter"], capture_output=True,
-                         text=True, check=True).stdout
+    out = subprocess.run(
+        ["systemd-analyze", "syscall-filter"], capture_output=True, text=True, check=True
+    ).stdout
     groups, current = {}, None
     for line in out.splitlines():
         if line.startswith("@"):
@@ -169,9 +196,13 @@ def allowed_syscalls(unit_text):
 
     def expand(name):
         if name.startswith("@"):
-            return set().union(*(expand(m) for m in groups.get(name, []))) \
-                if groups.get(name) else set()
+            return (
+                set().union(*(expand(m) for m in groups.get(name, [])))
+                if groups.get(name)
+                else set()
+            )
         return {name}
+
     allow = None
     for line in unit_text.splitlines():
         line = line.strip()
@@ -194,7 +225,11 @@ def strace_summary_syscalls(path):
     names = set()
     for line in Path(path).read_text().splitlines()[2:]:
         parts = line.split()
-        if parts and parts[-1].replace("_", "").isalnum() and parts[-1] != "total" \
-                and not parts[-1].startswith("-"):
+        if (
+            parts
+            and parts[-1].replace("_", "").isalnum()
+            and parts[-1] != "total"
+            and not parts[-1].startswith("-")
+        ):
             names.add(parts[-1])
     return names

@@ -9,14 +9,15 @@ import sys
 import time
 
 import pytest
-
-import probe_client
 from sdtools import NotifyListener, ServiceProcess, have
 
+import probe_client
 from stallscope.service import activation
 
-pytestmark = pytest.mark.skipif(not have("systemd-socket-activate"),
-                                reason="needs systemd-socket-activate (Debian package systemd)")
+pytestmark = pytest.mark.skipif(
+    not have("systemd-socket-activate"),
+    reason="needs systemd-socket-activate (Debian package systemd)",
+)
 
 NO_PROBES = '[probes]\nsched_backend = "none"\ngpu_backend = "none"\n'
 
@@ -24,9 +25,23 @@ NO_PROBES = '[probes]\nsched_backend = "none"\ngpu_backend = "none"\n'
 def activated(tmp_path, extra=(), env=None):
     """A ServiceProcess whose probe socket comes from systemd-socket-activate."""
     sock_path = str(tmp_path / "activated.sock")
-    svc = ServiceProcess(tmp_path, NO_PROBES, env=env,
-                         prefix=["systemd-socket-activate", *extra, "-l", sock_path,
-                                 "-E", "PYTHONPATH", "-E", "NOTIFY_SOCKET", "-E", "STALLSCOPE_CONFIG"])
+    svc = ServiceProcess(
+        tmp_path,
+        NO_PROBES,
+        env=env,
+        prefix=[
+            "systemd-socket-activate",
+            *extra,
+            "-l",
+            sock_path,
+            "-E",
+            "PYTHONPATH",
+            "-E",
+            "NOTIFY_SOCKET",
+            "-E",
+            "STALLSCOPE_CONFIG",
+        ],
+    )
     svc.socket_from_activator = sock_path
     # --socket points elsewhere on purpose: the inherited descriptor must win.
     svc.socket = str(tmp_path / "not-used.sock")
@@ -42,14 +57,16 @@ def wait_path(path, timeout_s=20):
 
 def test_probe_client_through_activated_seqpacket_socket(tmp_path):
     lst = NotifyListener(path=tmp_path / "notify.sock")
-    svc = activated(tmp_path, extra=["--seqpacket", "--fdname=probe"],
-                    env={"NOTIFY_SOCKET": lst.address})
+    svc = activated(
+        tmp_path, extra=["--seqpacket", "--fdname=probe"], env={"NOTIFY_SOCKET": lst.address}
+    )
     svc.start()
     try:
         wait_path(svc.socket_from_activator)
         # The first connection is what starts the daemon (as with systemd's .socket).
-        probe = probe_client.connect(socket_path=svc.socket_from_activator,
-                                     run_label="activated", gc=False)
+        probe = probe_client.connect(
+            socket_path=svc.socket_from_activator, run_label="activated", gc=False
+        )
         n = 2000
         for i in range(n):
             t0 = probe.begin()
@@ -73,7 +90,7 @@ def test_probe_client_through_activated_seqpacket_socket(tmp_path):
 
 
 def test_stream_socket_is_refused_with_the_fix(tmp_path):
-    svc = activated(tmp_path, extra=["--fdname=probe"])   # SOCK_STREAM
+    svc = activated(tmp_path, extra=["--fdname=probe"])  # SOCK_STREAM
     svc.start()
     try:
         wait_path(svc.socket_from_activator)
@@ -100,9 +117,11 @@ def test_listen_fds_parsing():
         "from stallscope.service import activation as act\n"
         "fds = act.listen_fds()\n"
         "print(json.dumps([fds, act.pick(fds, 'probe'), 'LISTEN_FDS' in os.environ,"
-        " os.get_inheritable(3)]))\n")
+        " os.get_inheritable(3)]))\n"
+    )
     import json
     import subprocess
+
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     fds, probe_fd, still_set, inheritable = json.loads(out.stdout)
     assert fds == {"probe": [3], "api": [4]}

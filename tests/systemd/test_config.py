@@ -6,10 +6,9 @@ import signal
 import time
 
 import pytest
-
-import probe_client
 from sdtools import REPO, NotifyListener, ServiceProcess, proc_backend_available
 
+import probe_client
 from stallscope.service import config
 
 
@@ -20,8 +19,9 @@ def write(tmp_path, text, name="c.toml"):
 
 
 def test_precedence_flags_env_file_defaults(tmp_path):
-    path = write(tmp_path, "[probes]\ngpu_poll_hz = 20\nsched_poll_hz = 50\n"
-                           "[retention]\nmax_age_days = 7\n")
+    path = write(
+        tmp_path, "[probes]\ngpu_poll_hz = 20\nsched_poll_hz = 50\n[retention]\nmax_age_days = 7\n"
+    )
     env = {"STALLSCOPE_GPU_POLL_HZ": "30", "STALLSCOPE_SCHED_POLL_HZ": "60"}
     cfg = config.resolve({"gpu_poll_hz": 40.0}, path, env)
     assert cfg["probes.gpu_poll_hz"] == 40.0 and cfg.sources["probes.gpu_poll_hz"] == "flag"
@@ -33,15 +33,18 @@ def test_precedence_flags_env_file_defaults(tmp_path):
     assert cfg["probes.gpu_poll_hz"] == 20.0 and cfg.path == path
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("[probes]\nsched_poll_hz = 10\nbogus_rate = 3\n", ":3: unknown key probes.bogus_rate"),
-    ("[probez]\nx = 1\n", ":1: unknown section [probez]"),
-    ("[probes]\n\ngpu_poll_hz = \"fast\"\n", ":3: probes.gpu_poll_hz: expected a number"),
-    ("[probes]\ngpu_poll_hz = 0\n", ":2: probes.gpu_poll_hz: 0 is below the minimum"),
-    ("[probes]\nsched_backend = \"ebpf\"\n", "'ebpf' is not one of auto, bcc, perf, proc, none"),
-    ("[retention]\nmax_db_mb = 5\n[probes\n", "line 3"),
-    ("[api]\nlisten = \"0.0.0.0:7000\"\n", "without TLS: set api.tls_cert and api.tls_key"),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("[probes]\nsched_poll_hz = 10\nbogus_rate = 3\n", ":3: unknown key probes.bogus_rate"),
+        ("[probez]\nx = 1\n", ":1: unknown section [probez]"),
+        ('[probes]\n\ngpu_poll_hz = "fast"\n', ":3: probes.gpu_poll_hz: expected a number"),
+        ("[probes]\ngpu_poll_hz = 0\n", ":2: probes.gpu_poll_hz: 0 is below the minimum"),
+        ('[probes]\nsched_backend = "ebpf"\n', "'ebpf' is not one of auto, bcc, perf, proc, none"),
+        ("[retention]\nmax_db_mb = 5\n[probes\n", "line 3"),
+        ('[api]\nlisten = "0.0.0.0:7000"\n', "without TLS: set api.tls_cert and api.tls_key"),
+    ],
+)
 def test_bad_files_are_refused_with_line_and_reason(tmp_path, expected, text):
     path = write(tmp_path, text)
     with pytest.raises(config.ConfigError) as err:
@@ -75,26 +78,31 @@ def test_daemon_refuses_a_bad_file_at_start(tmp_path):
     assert ":3:" in svc.read_log()
 
 
-GOOD = ('[probes]\nsched_backend = "{backend}"\ngpu_backend = "none"\n'
-        'sched_poll_hz = {hz}\ngpu_poll_hz = 10\n')
+GOOD = (
+    '[probes]\nsched_backend = "{backend}"\ngpu_backend = "none"\n'
+    "sched_poll_hz = {hz}\ngpu_poll_hz = 10\n"
+)
 
 
 def test_sighup_changes_a_rate_and_refuses_a_bad_file(tmp_path):
     backend = "proc" if proc_backend_available() else "none"
     lst = NotifyListener(path=tmp_path / "notify.sock")
-    svc = ServiceProcess(tmp_path, GOOD.format(backend=backend, hz=100),
-                         env={"NOTIFY_SOCKET": lst.address}).start()
+    svc = ServiceProcess(
+        tmp_path, GOOD.format(backend=backend, hz=100), env={"NOTIFY_SOCKET": lst.address}
+    ).start()
     try:
         i = lst.wait_for("READY", "1")
         assert "sched 100 Hz" in lst.messages[i][1]["STATUS"]
 
         # 1. A live change: the rate moves without a restart.
-        svc.config.write_text(GOOD.format(backend=backend, hz=25)
-                              + '[daemon]\nallow_uids = [54321]\n')
+        svc.config.write_text(
+            GOOD.format(backend=backend, hz=25) + "[daemon]\nallow_uids = [54321]\n"
+        )
         svc.signal(signal.SIGHUP)
         j = lst.wait_for("STATUS", after=i + 1, pred=lambda s: "sched 25 Hz" in s)
         assert "RELOADING" in str(lst.messages[j - 1][1]) or any(
-            "RELOADING" in m for _, m in lst.messages[i + 1:j + 1])
+            "RELOADING" in m for _, m in lst.messages[i + 1 : j + 1]
+        )
         svc.wait_log("configuration reloaded: probes.sched_poll_hz 100.0 -> 25.0")
         # Not live: reported, not applied (the probe client below is still accepted).
         svc.wait_log("daemon.allow_uids changed ([] -> [54321]) but needs a restart")
@@ -109,8 +117,7 @@ def test_sighup_changes_a_rate_and_refuses_a_bad_file(tmp_path):
         assert "sched 25 Hz" in status
         svc.wait_log("configuration NOT reloaded")
         assert svc.proc.poll() is None and svc.proc.pid == pid
-        probe = probe_client.connect(socket_path=svc.socket, run_label="after-bad-reload",
-                                     gc=False)
+        probe = probe_client.connect(socket_path=svc.socket, run_label="after-bad-reload", gc=False)
         for _ in range(100):
             probe.end("step", probe.begin())
         probe.close()
@@ -122,8 +129,9 @@ def test_sighup_changes_a_rate_and_refuses_a_bad_file(tmp_path):
     assert svc.query("SELECT count(*) FROM spans")[0][0] == 100
     assert svc.query("SELECT count(*) FROM runs WHERE label = 'after-bad-reload'") == [(1,)]
     if backend == "proc":
-        rows = svc.query("SELECT detail FROM probe_status WHERE probe = 'sched' "
-                         "AND detail LIKE 'reconfigured%'")
+        rows = svc.query(
+            "SELECT detail FROM probe_status WHERE probe = 'sched' AND detail LIKE 'reconfigured%'"
+        )
         assert rows and "sched_poll_hz=25" in rows[0][0]
 
 

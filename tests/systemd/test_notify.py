@@ -10,7 +10,6 @@ import time
 import uuid
 
 import pytest
-
 from sdtools import NotifyListener, ServiceProcess, proc_backend_available
 
 from stallscope.service import notify as notifymod
@@ -51,9 +50,12 @@ def test_ready_after_bind_status_and_stopping(tmp_path, listener):
 
 
 def test_watchdog_pings_at_half_the_interval(tmp_path, listener):
-    watchdog_usec = 2_000_000          # pings expected every 1 s
-    svc = ServiceProcess(tmp_path, NO_PROBES, env={
-        "NOTIFY_SOCKET": listener.address, "WATCHDOG_USEC": str(watchdog_usec)}).start()
+    watchdog_usec = 2_000_000  # pings expected every 1 s
+    svc = ServiceProcess(
+        tmp_path,
+        NO_PROBES,
+        env={"NOTIFY_SOCKET": listener.address, "WATCHDOG_USEC": str(watchdog_usec)},
+    ).start()
     try:
         listener.wait_for("READY", "1")
         time.sleep(4.5)
@@ -69,9 +71,11 @@ def test_watchdog_pings_at_half_the_interval(tmp_path, listener):
 
 
 def test_no_watchdog_pings_for_another_pid(tmp_path, listener):
-    svc = ServiceProcess(tmp_path, NO_PROBES, env={
-        "NOTIFY_SOCKET": listener.address, "WATCHDOG_USEC": "200000",
-        "WATCHDOG_PID": "1"}).start()
+    svc = ServiceProcess(
+        tmp_path,
+        NO_PROBES,
+        env={"NOTIFY_SOCKET": listener.address, "WATCHDOG_USEC": "200000", "WATCHDOG_PID": "1"},
+    ).start()
     try:
         listener.wait_for("READY", "1")
         time.sleep(1.0)
@@ -101,9 +105,12 @@ def test_notifier_without_socket_is_silent():
 
 def test_watchdog_interval_parsing():
     assert notifymod.watchdog_interval_s({"WATCHDOG_USEC": "30000000"}) == 15.0
-    assert notifymod.watchdog_interval_s({"WATCHDOG_USEC": "30000000",
-                                          "WATCHDOG_PID": str(os.getpid())}) == 15.0
-    assert notifymod.watchdog_interval_s({"WATCHDOG_USEC": "30000000",
-                                          "WATCHDOG_PID": "1"}) is None
+    assert (
+        notifymod.watchdog_interval_s(
+            {"WATCHDOG_USEC": "30000000", "WATCHDOG_PID": str(os.getpid())}
+        )
+        == 15.0
+    )
+    assert notifymod.watchdog_interval_s({"WATCHDOG_USEC": "30000000", "WATCHDOG_PID": "1"}) is None
     assert notifymod.watchdog_interval_s({}) is None
     assert notifymod.watchdog_interval_s({"WATCHDOG_USEC": "junk"}) is None

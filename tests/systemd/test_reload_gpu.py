@@ -8,7 +8,6 @@ import sys
 import time
 
 import pytest
-
 from sdtools import REPO, NotifyListener, ServiceProcess
 
 pytest.importorskip("pynvml")
@@ -18,15 +17,26 @@ WRAPPER = (
     "import fake_nvml\n"
     "fake_nvml.install(fake_nvml.FakeNvml(gpus=1))\n"
     "from stallscope.cli import main\n"
-    "sys.exit(main(sys.argv[1:]))\n" % str(REPO / "tests" / "probes"))
+    "sys.exit(main(sys.argv[1:]))\n" % str(REPO / "tests" / "probes")
+)
 
 CONFIG = '[probes]\nsched_backend = "none"\ngpu_backend = "nvml"\ngpu_poll_hz = {hz}\n'
 
 
 class FakeGpuService(ServiceProcess):
     def command(self):
-        return [sys.executable, "-c", WRAPPER, "daemon", "--config", str(self.config),
-                "--socket", self.socket, "--db", self.db] + self.args
+        return [
+            sys.executable,
+            "-c",
+            WRAPPER,
+            "daemon",
+            "--config",
+            str(self.config),
+            "--socket",
+            self.socket,
+            "--db",
+            self.db,
+        ] + self.args
 
 
 def test_sighup_changes_the_gpu_poll_rate(tmp_path):
@@ -47,14 +57,17 @@ def test_sighup_changes_the_gpu_poll_rate(tmp_path):
     finally:
         svc.kill()
         lst.close()
-    (reload_ns, detail), = svc.query(
-        "SELECT ts_ns, detail FROM probe_status WHERE probe = 'gpu' "
-        "AND detail LIKE 'reconfigured%'")
+    ((reload_ns, detail),) = svc.query(
+        "SELECT ts_ns, detail FROM probe_status WHERE probe = 'gpu' AND detail LIKE 'reconfigured%'"
+    )
     assert "gpu_poll_hz=40" in detail
 
     def polls(lo_ns, hi_ns):
-        return svc.query("SELECT count(*) FROM nvml_samples WHERE source = 'poll' "
-                         "AND ts_ns >= ? AND ts_ns < ?", [lo_ns, hi_ns])[0][0]
+        return svc.query(
+            "SELECT count(*) FROM nvml_samples WHERE source = 'poll' AND ts_ns >= ? AND ts_ns < ?",
+            [lo_ns, hi_ns],
+        )[0][0]
+
     window = 2 * 10**9
     before = polls(reload_ns - window, reload_ns)
     after = polls(reload_ns + 2 * 10**8, reload_ns + 2 * 10**8 + window)

@@ -6,10 +6,9 @@ import time
 
 import numpy as np
 import pytest
-
 from sdtools import ServiceProcess
 
-from stallscope.service.retention import Limits, Retention, used_bytes
+from stallscope.service.retention import SIZE_TARGET_FRACTION, Limits, Retention, used_bytes
 from stallscope.service.store import Store
 
 # One DuckDB row group per run: space comes back a row group at a time.
@@ -24,22 +23,49 @@ def fill(store, runs, now_rt, now_mono, connected=()):
     for run_id in range(1, runs + 1):
         start = now_mono - (runs - run_id + 1) * hour
         ended = None if run_id in connected else start + hour // 2
-        store.sql("INSERT INTO runs (run_id, pid, label, started_ns, realtime_ns, connected_ns, "
-                  "ended_ns) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                  [run_id, 1000 + run_id, f"run{run_id}", start,
-                   now_rt - (runs - run_id + 1) * hour, start, ended])
+        store.sql(
+            "INSERT INTO runs (run_id, pid, label, started_ns, realtime_ns, connected_ns, "
+            "ended_ns) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            [
+                run_id,
+                1000 + run_id,
+                f"run{run_id}",
+                start,
+                now_rt - (runs - run_id + 1) * hour,
+                start,
+                ended,
+            ],
+        )
         ts = start + np.arange(SPANS_PER_RUN, dtype=np.int64) * 1000
         rng = np.random.default_rng(run_id)
-        store.append("spans", {"run_id": np.full(SPANS_PER_RUN, run_id, dtype=np.int64),
-                               "tid": rng.integers(1, 1 << 20, SPANS_PER_RUN),
-                               "kind": ["step"] * SPANS_PER_RUN, "start_ns": ts,
-                               "end_ns": ts + rng.integers(1, 10**7, SPANS_PER_RUN)})
-        store.append("gc_events", {"run_id": np.full(10, run_id, dtype=np.int64),
-                                   "generation": np.full(10, 2, dtype=np.int8),
-                                   "start_ns": ts[:10], "end_ns": ts[:10] + 5})
-        store.append("offcpu", {"pid": np.full(1000, 1000 + run_id, dtype=np.int32),
-                                "tid": np.full(1000, 1, dtype=np.int32),
-                                "start_ns": ts[:1000], "end_ns": ts[:1000] + 100})
+        store.append(
+            "spans",
+            {
+                "run_id": np.full(SPANS_PER_RUN, run_id, dtype=np.int64),
+                "tid": rng.integers(1, 1 << 20, SPANS_PER_RUN),
+                "kind": ["step"] * SPANS_PER_RUN,
+                "start_ns": ts,
+                "end_ns": ts + rng.integers(1, 10**7, SPANS_PER_RUN),
+            },
+        )
+        store.append(
+            "gc_events",
+            {
+                "run_id": np.full(10, run_id, dtype=np.int64),
+                "generation": np.full(10, 2, dtype=np.int8),
+                "start_ns": ts[:10],
+                "end_ns": ts[:10] + 5,
+            },
+        )
+        store.append(
+            "offcpu",
+            {
+                "pid": np.full(1000, 1000 + run_id, dtype=np.int32),
+                "tid": np.full(1000, 1, dtype=np.int32),
+                "start_ns": ts[:1000],
+                "end_ns": ts[:1000] + 100,
+            },
+        )
         store.append("nvml_samples", {"gpu": np.zeros(100, dtype=np.int32), "ts_ns": ts[:100]})
         store.flush()
     store.con.execute("CHECKPOINT")
@@ -67,7 +93,10 @@ def test_size_limit_deletes_oldest_ended_runs_and_their_rows(store, tmp_path):
     now_rt, now_mono = time.time_ns(), time.monotonic_ns() + 100 * 3600 * 10**9
     fill(store, runs=8, now_rt=now_rt, now_mono=now_mono, connected={1})
     cur = store.cursor()
-    limit_mb = halfway_mb(tmp_path, used_bytes(cur, store.path))
+    # Retention trims to SIZE_TARGET_FRACTION of the limit: put that target
+    # halfway between an empty and the full database, so about half the runs
+    # must go (space comes back in whole blocks, so not exactly half).
+    limit_mb = halfway_mb(tmp_path, used_bytes(cur, store.path)) / SIZE_TARGET_FRACTION
     ret = Retention(store, Limits(max_db_mb=limit_mb, max_age_days=0))
     done = ret.check(now_rt, now_mono)
     assert done["after_bytes"] <= limit_mb * 2**20 < done["before_bytes"]
@@ -95,8 +124,12 @@ def test_kernel_rows_follow_the_oldest_kept_run(store, tmp_path):
     oldest_kept = cur.execute("SELECT min(connected_ns) FROM runs").fetchone()[0]
     assert done["runs_deleted"]
     for table, col in (("offcpu", "end_ns"), ("nvml_samples", "ts_ns")):
-        assert cur.execute(f"SELECT count(*) FROM {table} WHERE {col} < ?",
-                           [oldest_kept]).fetchone()[0] == 0, table
+        assert (
+            cur.execute(f"SELECT count(*) FROM {table} WHERE {col} < ?", [oldest_kept]).fetchone()[
+                0
+            ]
+            == 0
+        ), table
         assert cur.execute(f"SELECT count(*) FROM {table}").fetchone()[0] > 0, table
     cur.close()
 
@@ -122,8 +155,11 @@ def test_no_limits_deletes_nothing(store):
 
 
 def test_running_daemon_trims_an_oversized_database(tmp_path):
-    svc = ServiceProcess(tmp_path, '[probes]\nsched_backend = "none"\ngpu_backend = "none"\n'
-                         '[retention]\nmax_age_days = 0\ncheck_interval_s = 1\n')
+    svc = ServiceProcess(
+        tmp_path,
+        '[probes]\nsched_backend = "none"\ngpu_backend = "none"\n'
+        "[retention]\nmax_age_days = 0\ncheck_interval_s = 1\n",
+    )
     s = Store(svc.db)
     now_rt, now_mono = time.time_ns(), time.monotonic_ns()
     fill(s, runs=6, now_rt=now_rt, now_mono=now_mono)

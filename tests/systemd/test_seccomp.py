@@ -9,16 +9,19 @@ import signal
 import time
 
 import pytest
+from sdtools import REPO, ServiceProcess, allowed_syscalls, have, strace_summary_syscalls
 
 import probe_client
-from sdtools import REPO, ServiceProcess, allowed_syscalls, have, strace_summary_syscalls
 
 pytestmark = pytest.mark.skipif(
     not (have("strace") and have("systemd-analyze") and have("systemd-socket-activate")),
-    reason="needs strace, systemd-analyze and systemd-socket-activate")
+    reason="needs strace, systemd-analyze and systemd-socket-activate",
+)
 
-CONFIG = ('[probes]\ngpu_backend = "none"\nsched_poll_hz = {hz}\n'
-          '[retention]\nmax_db_mb = 0.001\ncheck_interval_s = 1\n')
+CONFIG = (
+    '[probes]\ngpu_backend = "none"\nsched_poll_hz = {hz}\n'
+    "[retention]\nmax_db_mb = 0.001\ncheck_interval_s = 1\n"
+)
 
 
 def children(pid):
@@ -32,10 +35,29 @@ def children(pid):
 def test_daemon_syscalls_are_in_the_units_allow_list(tmp_path):
     summary = tmp_path / "strace.txt"
     sock = str(tmp_path / "activated.sock")
-    svc = ServiceProcess(tmp_path, CONFIG.format(hz=100), prefix=[
-        "strace", "-f", "-qq", "-c", "-S", "name", "-o", str(summary),
-        "systemd-socket-activate", "--seqpacket", "--fdname=probe", "-l", sock,
-        "-E", "PYTHONPATH", "-E", "STALLSCOPE_CONFIG"])
+    svc = ServiceProcess(
+        tmp_path,
+        CONFIG.format(hz=100),
+        prefix=[
+            "strace",
+            "-f",
+            "-qq",
+            "-c",
+            "-S",
+            "name",
+            "-o",
+            str(summary),
+            "systemd-socket-activate",
+            "--seqpacket",
+            "--fdname=probe",
+            "-l",
+            sock,
+            "-E",
+            "PYTHONPATH",
+            "-E",
+            "STALLSCOPE_CONFIG",
+        ],
+    )
     svc.start()
     try:
         deadline = time.monotonic() + 30
@@ -63,5 +85,6 @@ def test_daemon_syscalls_are_in_the_units_allow_list(tmp_path):
     # systemd-socket-activate's own exec and set-up are the manager's job, not
     # the service's; everything else is the daemon's.
     allowed = allowed_syscalls((REPO / "systemd" / "stallscope.service").read_text())
-    assert not used - allowed, (f"system calls the unit would refuse with EPERM: "
-                                f"{sorted(used - allowed)}")
+    assert not used - allowed, (
+        f"system calls the unit would refuse with EPERM: {sorted(used - allowed)}"
+    )

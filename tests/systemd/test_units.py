@@ -8,7 +8,6 @@ import re
 import subprocess
 
 import pytest
-
 from sdtools import REPO, have
 
 from stallscope.service import activation
@@ -23,8 +22,9 @@ EXPOSURE_MARGIN = 0.2
 # Measured (docs/systemd.md): what the bcc, perf and NVML probes need, no more.
 CAPABILITIES = {"CAP_BPF", "CAP_PERFMON", "CAP_DAC_READ_SEARCH"}
 
-needs_analyze = pytest.mark.skipif(not have("systemd-analyze"),
-                                   reason="needs systemd-analyze (Debian package systemd)")
+needs_analyze = pytest.mark.skipif(
+    not have("systemd-analyze"), reason="needs systemd-analyze (Debian package systemd)"
+)
 
 
 def unit(name):
@@ -44,8 +44,9 @@ def unit(name):
 
 
 def install(root, *args):
-    out = subprocess.run([INSTALL, "--root", str(root), *args], capture_output=True,
-                         text=True, timeout=120)
+    out = subprocess.run(
+        [INSTALL, "--root", str(root), *args], capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0, out.stderr + out.stdout
     return out.stdout + out.stderr
 
@@ -74,25 +75,43 @@ def test_verify_catches_a_missing_daemon_command(tmp_path):
         pytest.skip("stallscope is installed on this host")
     root = tmp_path / "root"
     install(root, "--no-venv")
-    out = subprocess.run(["systemd-analyze", "verify", str(root / UNITDIR / "stallscope.service")],
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        ["systemd-analyze", "verify", str(root / UNITDIR / "stallscope.service")],
+        capture_output=True,
+        text=True,
+    )
     assert "/opt/stallscope/venv/bin/stallscope is not executable" in out.stdout + out.stderr
 
 
 @needs_analyze
 def test_security_exposure_does_not_regress(staged):
     root, _ = staged
-    out = subprocess.run(["systemd-analyze", "security", "--offline=true", "--no-pager",
-                          str(root / UNITDIR / "stallscope.service")],
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        [
+            "systemd-analyze",
+            "security",
+            "--offline=true",
+            "--no-pager",
+            str(root / UNITDIR / "stallscope.service"),
+        ],
+        capture_output=True,
+        text=True,
+    )
     m = re.search(r"Overall exposure level for stallscope\.service: ([0-9.]+)", out.stdout)
     assert m, out.stdout + out.stderr
     score = float(m.group(1))
     assert score <= MEASURED_EXPOSURE + EXPOSURE_MARGIN, out.stdout
     # What the probes do not need must stay closed.
-    for line in ("✓ NoNewPrivileges=", "✓ ProtectSystem=", "✓ ProtectHome=", "✓ PrivateTmp=",
-                 "✓ User=/DynamicUser=", "✓ CapabilityBoundingSet=~CAP_SYS_ADMIN",
-                 "✓ CapabilityBoundingSet=~CAP_SYS_PTRACE", "✓ PrivateNetwork="):
+    for line in (
+        "✓ NoNewPrivileges=",
+        "✓ ProtectSystem=",
+        "✓ ProtectHome=",
+        "✓ PrivateTmp=",
+        "✓ User=/DynamicUser=",
+        "✓ CapabilityBoundingSet=~CAP_SYS_ADMIN",
+        "✓ CapabilityBoundingSet=~CAP_SYS_PTRACE",
+        "✓ PrivateNetwork=",
+    ):
         assert line in out.stdout, line
 
 
@@ -100,15 +119,23 @@ def test_capability_allow_list_is_the_measured_one():
     svc = unit("stallscope.service")["Service"]
     assert set(" ".join(svc["CapabilityBoundingSet"]).split()) == CAPABILITIES
     assert set(" ".join(svc["AmbientCapabilities"]).split()) == CAPABILITIES
-    for key, value in (("Type", "notify"), ("NotifyAccess", "main"), ("NoNewPrivileges", "yes"),
-                       ("ProtectSystem", "strict"), ("ProtectHome", "yes"),
-                       ("PrivateTmp", "yes"), ("StateDirectory", "stallscope"),
-                       ("RuntimeDirectory", "stallscope"), ("Restart", "on-failure"),
-                       ("User", "stallscope")):
+    for key, value in (
+        ("Type", "notify"),
+        ("NotifyAccess", "main"),
+        ("NoNewPrivileges", "yes"),
+        ("ProtectSystem", "strict"),
+        ("ProtectHome", "yes"),
+        ("PrivateTmp", "yes"),
+        ("StateDirectory", "stallscope"),
+        ("RuntimeDirectory", "stallscope"),
+        ("Restart", "on-failure"),
+        ("User", "stallscope"),
+    ):
         assert svc[key] == [value], key
     assert svc["WatchdogSec"] and svc["LimitMEMLOCK"]
-    assert svc["ExecStart"][0].startswith("/opt/stallscope/venv/bin/stallscope daemon --config "
-                                          "/etc/stallscope/stallscope.toml")
+    assert svc["ExecStart"][0].startswith(
+        "/opt/stallscope/venv/bin/stallscope daemon --config /etc/stallscope/stallscope.toml"
+    )
 
 
 def test_socket_unit_matches_what_the_daemon_adopts():
@@ -122,10 +149,13 @@ def test_socket_unit_matches_what_the_daemon_adopts():
 
 def test_install_says_what_it_did_and_uninstall_reverses_it(staged):
     root, log = staged
-    for path in (f"/{UNITDIR}/stallscope.service", f"/{UNITDIR}/stallscope.socket",
-                 "/usr/local/lib/sysusers.d/stallscope.conf",
-                 "/usr/local/lib/tmpfiles.d/stallscope.conf",
-                 "/etc/stallscope/stallscope.toml"):
+    for path in (
+        f"/{UNITDIR}/stallscope.service",
+        f"/{UNITDIR}/stallscope.socket",
+        "/usr/local/lib/sysusers.d/stallscope.conf",
+        "/usr/local/lib/tmpfiles.d/stallscope.conf",
+        "/etc/stallscope/stallscope.toml",
+    ):
         assert f"installed {path}" in log
         assert (root / path.lstrip("/")).is_file()
     # systemd-sysusers and systemd-tmpfiles ran against the root.
@@ -143,10 +173,14 @@ def test_install_says_what_it_did_and_uninstall_reverses_it(staged):
     assert (root / "etc/stallscope/stallscope.toml.new").is_file()
     out = install(root, "--uninstall")
     assert "removed /usr/local/lib/systemd/system/stallscope.service" in out
-    for path in (UNITDIR + "/stallscope.service", UNITDIR + "/stallscope.socket",
-                 "usr/local/lib/sysusers.d/stallscope.conf",
-                 "usr/local/lib/tmpfiles.d/stallscope.conf", "usr/local/bin/stallscope",
-                 "etc/stallscope/stallscope.toml.new"):
+    for path in (
+        UNITDIR + "/stallscope.service",
+        UNITDIR + "/stallscope.socket",
+        "usr/local/lib/sysusers.d/stallscope.conf",
+        "usr/local/lib/tmpfiles.d/stallscope.conf",
+        "usr/local/bin/stallscope",
+        "etc/stallscope/stallscope.toml.new",
+    ):
         assert not (root / path).exists(), path
     assert "gpu_poll_hz = 5.0" in conf.read_text()
     assert (root / "var/lib/stallscope/stallscope.duckdb").exists()

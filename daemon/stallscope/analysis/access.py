@@ -12,21 +12,34 @@ import re
 import duckdb
 
 STATUS_QUERIES = (
-    ("Runs", "SELECT run_id, pid, label, python, gc_threshold, freeze_count, connections, "
-             "records, last_seq, ended_ns IS NULL AS live FROM runs ORDER BY run_id"),
-    ("Probes", "SELECT probe, backend, state, detail FROM probe_status "
-               "QUALIFY row_number() OVER (PARTITION BY probe ORDER BY ts_ns DESC) = 1 "
-               "ORDER BY probe"),
-    ("Known losses", "SELECT probe, reason, sum(count) AS records FROM losses GROUP BY ALL "
-                     "ORDER BY records DESC"),
-    ("Rejected input", "SELECT reason, sum(count) AS count FROM ingest_errors GROUP BY ALL "
-                       "ORDER BY count DESC"),
+    (
+        "Runs",
+        "SELECT run_id, pid, label, python, gc_threshold, freeze_count, connections, "
+        "records, last_seq, ended_ns IS NULL AS live FROM runs ORDER BY run_id",
+    ),
+    (
+        "Probes",
+        "SELECT probe, backend, state, detail FROM probe_status "
+        "QUALIFY row_number() OVER (PARTITION BY probe ORDER BY ts_ns DESC) = 1 "
+        "ORDER BY probe",
+    ),
+    (
+        "Known losses",
+        "SELECT probe, reason, sum(count) AS records FROM losses GROUP BY ALL "
+        "ORDER BY records DESC",
+    ),
+    (
+        "Rejected input",
+        "SELECT reason, sum(count) AS count FROM ingest_errors GROUP BY ALL ORDER BY count DESC",
+    ),
 )
 
 # Public tables and views (private helpers start with '_'), views first.
-LIST_NAMES = ("SELECT table_name AS name, lower(table_type) AS kind FROM information_schema.tables "
-              "WHERE table_schema = 'main' AND NOT starts_with(table_name, '_') "
-              "ORDER BY table_type DESC, table_name")
+LIST_NAMES = (
+    "SELECT table_name AS name, lower(table_type) AS kind FROM information_schema.tables "
+    "WHERE table_schema = 'main' AND NOT starts_with(table_name, '_') "
+    "ORDER BY table_type DESC, table_name"
+)
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -75,8 +88,10 @@ def _held_by_other_process(exc):
 def open_for_reading(db_path, api_socket=None):
     """A FileSource, or an API source when a daemon holds the file."""
     if not os.path.exists(db_path):
-        raise AccessError(f"no database at {db_path} (is the daemon running with --db "
-                          f"{db_path}? set --db or $STALLSCOPE_DB)")
+        raise AccessError(
+            f"no database at {db_path} (is the daemon running with --db "
+            f"{db_path}? set --db or $STALLSCOPE_DB)"
+        )
     try:
         return FileSource(db_path)
     except AccessError as exc:
@@ -84,8 +99,10 @@ def open_for_reading(db_path, api_socket=None):
             raise
         if api_socket and os.path.exists(api_socket):
             from stallscope.api.client import ApiSource
+
             return ApiSource(api_socket)
         raise AccessError(
             f"{db_path} is held by a running daemon and no API socket is at "
             f"{api_socket}: start the daemon with --api-socket, or point --api-socket "
-            "at it") from None
+            "at it"
+        ) from None

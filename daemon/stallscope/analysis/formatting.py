@@ -42,7 +42,7 @@ def _cell(v):
         return "true"
     if v is False:
         return "false"
-    return str(v)   # floats as Python's shortest repr: no rounding here
+    return str(v)  # floats as Python's shortest repr: no rounding here
 
 
 def _is_number(v):
@@ -53,15 +53,23 @@ def format_table(columns, rows, max_width=None):
     """Aligned columns with a header rule; numbers right-aligned."""
     cells = [[_cell(v) for v in row] for row in rows]
     if max_width:
-        cells = [[c if len(c) <= max_width else c[:max_width - 1] + "~" for c in row] for row in cells]
+        cells = [
+            [c if len(c) <= max_width else c[: max_width - 1] + "~" for c in row] for row in cells
+        ]
     widths = [len(str(c)) for c in columns]
     for row in cells:
         for i, c in enumerate(row):
             widths[i] = max(widths[i], len(c))
-    numeric = [bool(rows) and all(_is_number(r[i]) or r[i] is None for r in rows) for i in range(len(columns))]
+    numeric = [
+        bool(rows) and all(_is_number(r[i]) or r[i] is None for r in rows)
+        for i in range(len(columns))
+    ]
+
     def line(values):
-        return "  ".join(v.rjust(w) if num else v.ljust(w)
-                         for v, w, num in zip(values, widths, numeric)).rstrip()
+        return "  ".join(
+            v.rjust(w) if num else v.ljust(w) for v, w, num in zip(values, widths, numeric)
+        ).rstrip()
+
     out = [line([str(c) for c in columns]), "  ".join("-" * w for w in widths)]
     out += [line(row) for row in cells]
     return "\n".join(out) + "\n"
@@ -78,10 +86,15 @@ def format_rows(columns, rows, fmt="table"):
         w = csv.writer(buf, lineterminator="\n")
         w.writerow(columns)
         for row in rows:
-            w.writerow(["" if v is None else ("true" if v is True else "false" if v is False else v)
-                        for v in row])
+            w.writerow(
+                [
+                    "" if v is None else ("true" if v is True else "false" if v is False else v)
+                    for v in row
+                ]
+            )
         return buf.getvalue()
     if fmt == "json":
-        return "".join(json.dumps({c: _json_value(v) for c, v in zip(columns, row)}) + "\n"
-                       for row in rows)
+        return "".join(
+            json.dumps({c: _json_value(v) for c, v in zip(columns, row)}) + "\n" for row in rows
+        )
     raise ValueError(f"unknown format {fmt!r}: use one of {', '.join(FORMATS)}")

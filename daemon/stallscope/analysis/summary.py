@@ -46,13 +46,17 @@ def build_summary(con, run_ids=None):
         if not run_ids:
             return ""
         return f"AND {col} IN ({', '.join(str(int(r)) for r in run_ids)})"
+
     parts = []
     for title, sql in (
-            ("Engine steps per stage", STEPS_PER_STAGE.format(run_filter=flt("run_id"))),
-            ("GC passes per generation", GC_PER_GENERATION.format(run_filter=flt("run_id"))),
-            ("Steps that overlap a gen-2 collection",
-             GEN2_OVERLAPS.format(run_filter_g=flt("g.run_id"))),
-            ("Known losses", LOSSES.format(run_filter_loss=flt("run_id")))):
+        ("Engine steps per stage", STEPS_PER_STAGE.format(run_filter=flt("run_id"))),
+        ("GC passes per generation", GC_PER_GENERATION.format(run_filter=flt("run_id"))),
+        (
+            "Steps that overlap a gen-2 collection",
+            GEN2_OVERLAPS.format(run_filter_g=flt("g.run_id")),
+        ),
+        ("Known losses", LOSSES.format(run_filter_loss=flt("run_id"))),
+    ):
         cur = con.execute(sql)
         columns = [d[0] for d in cur.description]
         rows = cur.fetchall()

@@ -24,14 +24,29 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from stallscope.api.v1 import stallscope_pb2 as pb
 from stallscope.api.fanout import Filter
+from stallscope.api.v1 import stallscope_pb2 as pb
 
 log = logging.getLogger("stallscope.api.alerts")
 
-ALERT_COLUMNS = ("run_id", "pid", "tid", "stage", "batch", "start_ns", "end_ns",
-                 "duration_ns", "baseline_ns", "ratio", "gc_overlap_ns", "gc_generation",
-                 "offcpu_ns", "preempted_ns", "cause", "offcpu_sampled")
+ALERT_COLUMNS = (
+    "run_id",
+    "pid",
+    "tid",
+    "stage",
+    "batch",
+    "start_ns",
+    "end_ns",
+    "duration_ns",
+    "baseline_ns",
+    "ratio",
+    "gc_overlap_ns",
+    "gc_generation",
+    "offcpu_ns",
+    "preempted_ns",
+    "cause",
+    "offcpu_sampled",
+)
 # GC passes and off-CPU intervals are kept this long for overlap (ns): a step
 # and the events inside it arrive within one or two decode rounds.
 HORIZON_NS = 5_000_000_000
@@ -51,7 +66,7 @@ class _Intervals:
     value or a row of values per interval)."""
 
     def __init__(self):
-        self.by_key = {}   # key -> (start_ns, end_ns, extra) arrays
+        self.by_key = {}  # key -> (start_ns, end_ns, extra) arrays
 
     def add(self, keys, start, end, extra):
         for key in np.unique(keys):
@@ -96,8 +111,11 @@ def offcpu_weights(batch):
             if name not in batch.column_names:
                 return np.zeros(n)
             return pc.fill_null(batch[name], 0).to_numpy(zero_copy_only=False).astype(float)
-        length = (batch["end_ns"].to_numpy(zero_copy_only=False)
-                  - batch["start_ns"].to_numpy(zero_copy_only=False)).astype(float)
+
+        length = (
+            batch["end_ns"].to_numpy(zero_copy_only=False)
+            - batch["start_ns"].to_numpy(zero_copy_only=False)
+        ).astype(float)
         off = np.clip(col("offcpu_ns") / np.maximum(length, 1.0), 0.0, 1.0)
         events = col("events")
         share = np.where(events > 0, col("preempted_events") / np.maximum(events, 1.0), 0.0)
@@ -112,7 +130,7 @@ class Baselines:
 
     def __init__(self, window=64):
         self.window = window
-        self.recent = {}   # key -> (deque of durations in order, sorted list)
+        self.recent = {}  # key -> (deque of durations in order, sorted list)
 
     def observe(self, key, duration_ns):
         """The median before this step (None when no history), then record it."""
@@ -132,8 +150,11 @@ class Baselines:
 
 def name_cause(excess_ns, gc_ns, gc_gen, preempted_ns, blocked_ns):
     """The largest known contributor to the excess, if it explains a quarter of it."""
-    parts = {"gc_gen2" if gc_gen == 2 else "gc": gc_ns, "preempted": preempted_ns,
-             "blocked": blocked_ns}
+    parts = {
+        "gc_gen2" if gc_gen == 2 else "gc": gc_ns,
+        "preempted": preempted_ns,
+        "blocked": blocked_ns,
+    }
     cause, ns = max(parts.items(), key=lambda kv: kv[1])
     return cause if excess_ns > 0 and ns >= excess_ns / 4 else "unexplained"
 
@@ -141,23 +162,31 @@ def name_cause(excess_ns, gc_ns, gc_gen, preempted_ns, blocked_ns):
 class StallDetector:
     """Consumes spans, GC passes and off-CPU intervals; publishes stall alerts."""
 
-    def __init__(self, fanout, factor=1.2, window=64, min_samples=8, max_queue_events=500_000,
-                 hold_unexplained_s=HOLD_UNEXPLAINED_S):
+    def __init__(
+        self,
+        fanout,
+        factor=1.2,
+        window=64,
+        min_samples=8,
+        max_queue_events=500_000,
+        hold_unexplained_s=HOLD_UNEXPLAINED_S,
+    ):
         self.fanout = fanout
         self.hold_unexplained_s = hold_unexplained_s
         self.factor = factor
         self.min_samples = min_samples
         self.baselines = Baselines(window)
-        self.gc = _Intervals()        # by run_id; extra = generation
+        self.gc = _Intervals()  # by run_id; extra = generation
         # by tid; extra = (fraction of the interval off CPU, fraction preempted,
         # sampled?): exact rows are (1, 1 or 0, 0); a /proc window row is
         # pro-rated by its counters.
         self.offcpu = _Intervals()
-        self.sub = fanout.subscribe(Filter(kinds=(pb.SPAN, pb.GC_PASS, pb.OFF_CPU)),
-                                    max_queue_events, name="stall-detector")
+        self.sub = fanout.subscribe(
+            Filter(kinds=(pb.SPAN, pb.GC_PASS, pb.OFF_CPU)), max_queue_events, name="stall-detector"
+        )
         self.alerts_sent = 0
         self.steps_seen = 0
-        self.pending = []             # (deadline, alert args) of unexplained alerts
+        self.pending = []  # (deadline, alert args) of unexplained alerts
         self._thread = threading.Thread(target=self._run, name="api-stall-alerts", daemon=True)
 
     @property
@@ -191,15 +220,19 @@ class StallDetector:
         spans = []
         for kind, batch in items:
             if kind == pb.GC_PASS:
-                self.gc.add(batch["run_id"].to_numpy(zero_copy_only=False),
-                            batch["start_ns"].to_numpy(zero_copy_only=False),
-                            batch["end_ns"].to_numpy(zero_copy_only=False),
-                            batch["generation"].to_numpy(zero_copy_only=False))
+                self.gc.add(
+                    batch["run_id"].to_numpy(zero_copy_only=False),
+                    batch["start_ns"].to_numpy(zero_copy_only=False),
+                    batch["end_ns"].to_numpy(zero_copy_only=False),
+                    batch["generation"].to_numpy(zero_copy_only=False),
+                )
             elif kind == pb.OFF_CPU:
-                self.offcpu.add(batch["tid"].to_numpy(zero_copy_only=False),
-                                batch["start_ns"].to_numpy(zero_copy_only=False),
-                                batch["end_ns"].to_numpy(zero_copy_only=False),
-                                offcpu_weights(batch))
+                self.offcpu.add(
+                    batch["tid"].to_numpy(zero_copy_only=False),
+                    batch["start_ns"].to_numpy(zero_copy_only=False),
+                    batch["end_ns"].to_numpy(zero_copy_only=False),
+                    offcpu_weights(batch),
+                )
             elif kind == pb.SPAN:
                 spans.append(batch)
         rows = self._release_pending(time.monotonic())
@@ -224,14 +257,17 @@ class StallDetector:
         runs = self.fanout.refresh_runs()
         out = []
         for run_id, tid, stage, size, s, e in zip(
-                steps["run_id"].to_pylist(), steps["tid"].to_pylist(),
-                steps["stage"].to_pylist(), steps["batch"].to_pylist(),
-                steps["start_ns"].to_pylist(), steps["end_ns"].to_pylist()):
+            steps["run_id"].to_pylist(),
+            steps["tid"].to_pylist(),
+            steps["stage"].to_pylist(),
+            steps["batch"].to_pylist(),
+            steps["start_ns"].to_pylist(),
+            steps["end_ns"].to_pylist(),
+        ):
             self.steps_seen += 1
             dur = e - s
             median, n = self.baselines.observe((run_id, stage, size), dur)
-            if median is None or n < self.min_samples or median <= 0 \
-                    or dur <= self.factor * median:
+            if median is None or n < self.min_samples or median <= 0 or dur <= self.factor * median:
                 continue
             args = (runs, run_id, tid, stage, size, s, e, dur, median)
             alert = self._alert(*args)
@@ -266,10 +302,21 @@ class StallDetector:
             pre_ns = int((inter * w[:, 1]).sum())
             sampled = bool(w[:, 2].any())
         excess = dur - median
-        return {"run_id": run_id, "pid": runs.get(run_id) or 0, "tid": tid,
-                "stage": stage or "", "batch": size or 0, "start_ns": s, "end_ns": e,
-                "duration_ns": dur, "baseline_ns": int(median), "ratio": dur / median,
-                "gc_overlap_ns": gc_ns, "gc_generation": gc_gen, "offcpu_ns": off_ns,
-                "preempted_ns": pre_ns,
-                "cause": name_cause(excess, gc_ns, gc_gen, pre_ns, off_ns - pre_ns),
-                "offcpu_sampled": sampled}
+        return {
+            "run_id": run_id,
+            "pid": runs.get(run_id) or 0,
+            "tid": tid,
+            "stage": stage or "",
+            "batch": size or 0,
+            "start_ns": s,
+            "end_ns": e,
+            "duration_ns": dur,
+            "baseline_ns": int(median),
+            "ratio": dur / median,
+            "gc_overlap_ns": gc_ns,
+            "gc_generation": gc_gen,
+            "offcpu_ns": off_ns,
+            "preempted_ns": pre_ns,
+            "cause": name_cause(excess, gc_ns, gc_gen, pre_ns, off_ns - pre_ns),
+            "offcpu_sampled": sampled,
+        }

@@ -59,19 +59,29 @@ def _error(exc):
 class Client:
     """A connection to one daemon's API."""
 
-    def __init__(self, api_socket=None, target=None, tls_ca=None, tls_cert=None, tls_key=None,
-                 server_name=None, channel_options=()):
+    def __init__(
+        self,
+        api_socket=None,
+        target=None,
+        tls_ca=None,
+        tls_cert=None,
+        tls_key=None,
+        server_name=None,
+        channel_options=(),
+    ):
         if target is None:
             if not api_socket:
                 raise ValueError("give api_socket or target")
             target = "unix:" + os.path.abspath(api_socket)
         options = [("grpc.max_receive_message_length", 64 << 20)] + list(channel_options)
         if tls_ca or tls_cert:
+
             def read(p):
                 if not p:
                     return None
                 with open(p, "rb") as f:
                     return f.read()
+
             creds = grpc.ssl_channel_credentials(read(tls_ca), read(tls_key), read(tls_cert))
             if server_name:
                 options.append(("grpc.ssl_target_name_override", server_name))
@@ -88,18 +98,30 @@ class Client:
             raise ApiError(f"no daemon API answers at {self.target}") from None
 
     # ----- rpcs ------------------------------------------------------------------
-    def events(self, kinds=(), span_kinds=(), run_ids=(), pids=(), min_duration_ns=0,
-               max_queue_events=0):
+    def events(
+        self, kinds=(), span_kinds=(), run_ids=(), pids=(), min_duration_ns=0, max_queue_events=0
+    ):
         """The raw stream of EventBatch messages (cancel() it to stop)."""
-        return self.stub.StreamEvents(pb.StreamEventsRequest(
-            kinds=kinds, span_kinds=span_kinds, run_ids=run_ids, pids=pids,
-            min_duration_ns=min_duration_ns, max_queue_events=max_queue_events))
+        return self.stub.StreamEvents(
+            pb.StreamEventsRequest(
+                kinds=kinds,
+                span_kinds=span_kinds,
+                run_ids=run_ids,
+                pids=pids,
+                min_duration_ns=min_duration_ns,
+                max_queue_events=max_queue_events,
+            )
+        )
 
     def query_arrow(self, sql, params=None, limit=None, timeout_ms=0):
         """(pa.Table, truncated) for one read-only statement."""
-        request = pb.QueryRequest(sql=sql, params=[_value(p) for p in (params or [])],
-                                  max_rows=limit or 0, timeout_ms=timeout_ms,
-                                  format=pb.ARROW_IPC)
+        request = pb.QueryRequest(
+            sql=sql,
+            params=[_value(p) for p in (params or [])],
+            max_rows=limit or 0,
+            timeout_ms=timeout_ms,
+            format=pb.ARROW_IPC,
+        )
         batches, columns, truncated = [], [], False
         try:
             for msg in self.stub.Query(request):
@@ -155,7 +177,7 @@ class _Cursor:
         self.description = [(n, t, None, None, None, None, None) for n, t in columns] or None
 
     def fetchall(self):
-        rows, self._pos = self._rows[self._pos:], len(self._rows)
+        rows, self._pos = self._rows[self._pos :], len(self._rows)
         return rows
 
     def fetchone(self):
@@ -165,7 +187,7 @@ class _Cursor:
         return self._rows[self._pos - 1]
 
     def fetchmany(self, size=1):
-        rows = self._rows[self._pos:self._pos + size]
+        rows = self._rows[self._pos : self._pos + size]
         self._pos += len(rows)
         return rows
 
@@ -222,6 +244,7 @@ class ApiSource:
 
     def _execute(self, sql, params=None, limit=None):
         from stallscope.analysis.access import AccessError
+
         limit = limit or self.default_limit or UNLIMITED_ROWS
         try:
             table, columns, truncated = self.client.query_arrow(sql, params, limit)
@@ -229,7 +252,8 @@ class ApiSource:
             raise AccessError(str(exc)) from None
         if truncated and limit >= UNLIMITED_ROWS:
             logging.getLogger("stallscope.api.client").warning(
-                "the daemon cut this result at %d rows", table.num_rows)
+                "the daemon cut this result at %d rows", table.num_rows
+            )
         return _Cursor(table, columns)
 
     def query(self, sql, params=None, limit=None):

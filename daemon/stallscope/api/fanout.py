@@ -64,20 +64,32 @@ class Filter:
             mask = both(pc.greater_equal(dur, self.min_duration_ns))
         if self.run_ids:
             if kind in RUN_KINDS:
-                mask = both(pc.is_in(batch["run_id"].cast(pa.int64()),
-                                     value_set=pa.array(sorted(self.run_ids), pa.int64())))
+                mask = both(
+                    pc.is_in(
+                        batch["run_id"].cast(pa.int64()),
+                        value_set=pa.array(sorted(self.run_ids), pa.int64()),
+                    )
+                )
             elif kind != pb.GPU_SAMPLE:
                 pids = sorted({runs.get(r) for r in self.run_ids} - {None})
-                mask = both(pc.is_in(batch["pid"].cast(pa.int64()),
-                                     value_set=pa.array(pids, pa.int64())))
+                mask = both(
+                    pc.is_in(batch["pid"].cast(pa.int64()), value_set=pa.array(pids, pa.int64()))
+                )
         if self.pids:
             if kind in RUN_KINDS:
                 run_ids = sorted(r for r, p in runs.items() if p in self.pids)
-                mask = both(pc.is_in(batch["run_id"].cast(pa.int64()),
-                                     value_set=pa.array(run_ids, pa.int64())))
+                mask = both(
+                    pc.is_in(
+                        batch["run_id"].cast(pa.int64()), value_set=pa.array(run_ids, pa.int64())
+                    )
+                )
             elif kind != pb.GPU_SAMPLE:
-                mask = both(pc.is_in(batch["pid"].cast(pa.int64()),
-                                     value_set=pa.array(sorted(self.pids), pa.int64())))
+                mask = both(
+                    pc.is_in(
+                        batch["pid"].cast(pa.int64()),
+                        value_set=pa.array(sorted(self.pids), pa.int64()),
+                    )
+                )
         if mask is None:
             return batch
         return batch.filter(pc.fill_null(mask, False))
@@ -89,14 +101,15 @@ class Subscriber:
     def __init__(self, flt, max_queue_events=0, name=""):
         self.filter = flt
         self.name = name
-        cap = max_queue_events if max_queue_events and max_queue_events > 0 \
-            else DEFAULT_QUEUE_EVENTS
+        cap = (
+            max_queue_events if max_queue_events and max_queue_events > 0 else DEFAULT_QUEUE_EVENTS
+        )
         self.max_queue_events = min(cap, MAX_QUEUE_EVENTS)
         self._queue = deque()
         self._queued_rows = 0
         self._lock = threading.Lock()
         self._wake = threading.Event()
-        self.dropped_pending = 0   # lost since the last Dropped notice
+        self.dropped_pending = 0  # lost since the last Dropped notice
         self.dropped_total = 0
         self.closed = False
         self.seq = 0
@@ -147,11 +160,11 @@ class Fanout:
     def __init__(self, run_pids=None):
         # run_pids(): {run_id: pid} from ingest (refreshed when a run is new).
         self._run_pids = run_pids or (lambda: {})
-        self._subscribers = ()       # replaced, never mutated: producers iterate it
+        self._subscribers = ()  # replaced, never mutated: producers iterate it
         self._lock = threading.Lock()
         self.runs = {}
         self._runs_checked = 0.0
-        self.dropped_closed = 0      # drops of streams that have ended
+        self.dropped_closed = 0  # drops of streams that have ended
 
     # ----- producer side ----------------------------------------------------------
     def on_batch(self, table, batch):

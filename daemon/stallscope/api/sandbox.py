@@ -38,12 +38,13 @@ def check_sandbox(cur):
     """Refuse to run anything unless the instance has no external access and
     its configuration is locked (whoever built the Store, and however)."""
     external, locked = cur.execute(
-        "SELECT current_setting('enable_external_access'), "
-        "current_setting('lock_configuration')").fetchone()
+        "SELECT current_setting('enable_external_access'), current_setting('lock_configuration')"
+    ).fetchone()
     if external or not locked:
         raise NotSandboxed(
             "the daemon's database is not sandboxed (external access on or configuration "
-            "unlocked), so Query is disabled: open it with store.SANDBOX_CONFIG")
+            "unlocked), so Query is disabled: open it with store.SANDBOX_CONFIG"
+        )
 
 
 def _bounded(value, default, cap):
@@ -63,8 +64,10 @@ def check_statement(cur, sql):
     stmt = statements[0]
     if stmt.type not in ALLOWED_TYPES:
         kind = str(stmt.type).rsplit(".", 1)[-1]
-        raise QueryError(f"{kind} statements are not allowed: the API is read-only "
-                         "(SELECT, EXPLAIN, DESCRIBE, SHOW, SUMMARIZE)")
+        raise QueryError(
+            f"{kind} statements are not allowed: the API is read-only "
+            "(SELECT, EXPLAIN, DESCRIBE, SHOW, SUMMARIZE)"
+        )
     return stmt
 
 
@@ -82,7 +85,7 @@ class QueryRun:
         self.max_rows = _bounded(max_rows, DEFAULT_MAX_ROWS, MAX_ROWS_CAP)
         self.timeout_s = _bounded(timeout_s, DEFAULT_TIMEOUT_S, TIMEOUT_CAP_S)
         self.batch_rows = _bounded(batch_rows, DEFAULT_BATCH_ROWS, MAX_BATCH_ROWS)
-        self.columns = []          # [(name, duckdb type name)]
+        self.columns = []  # [(name, duckdb type name)]
         self.rows = 0
         self.truncated = False
         self.timed_out = False
@@ -100,8 +103,10 @@ class QueryRun:
 
     def _error(self, exc):
         if self.timed_out:
-            return QueryError(f"query exceeded its time limit of {self.timeout_s * 1000:.0f} ms "
-                              "and was interrupted (ask for fewer rows, or set timeout_ms)")
+            return QueryError(
+                f"query exceeded its time limit of {self.timeout_s * 1000:.0f} ms "
+                "and was interrupted (ask for fewer rows, or set timeout_ms)"
+            )
         return QueryError(str(exc).strip())
 
     def start(self):
@@ -122,12 +127,13 @@ class QueryRun:
             # extra copy a DB-API result makes; it runs when first read.
             self._rel = self._cur.sql(self.sql, params=self.params or None)
             if self._rel is not None:
-                self.columns = [(name, str(t)) for name, t in
-                                zip(self._rel.columns, self._rel.types)]
+                self.columns = [
+                    (name, str(t)) for name, t in zip(self._rel.columns, self._rel.types)
+                ]
         except duckdb.Error as exc:
             self.close()
             raise self._error(exc) from None
-        except Exception as exc:   # bad parameters and the like
+        except Exception as exc:  # bad parameters and the like
             self.close()
             raise QueryError(f"{type(exc).__name__}: {exc}") from None
         return self

@@ -25,12 +25,12 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from stallscope.api import events
-from stallscope.api.v1 import stallscope_pb2 as pb
-from stallscope.api.v1 import stallscope_pb2_grpc as pb_grpc
 from stallscope.api.alerts import StallDetector
 from stallscope.api.fanout import Fanout, Filter
-from stallscope.service.sockets import prepare_path
 from stallscope.api.sandbox import NotSandboxed, QueryError, QueryRun
+from stallscope.api.v1 import stallscope_pb2 as pb
+from stallscope.api.v1 import stallscope_pb2_grpc as pb_grpc
+from stallscope.service.sockets import prepare_path
 
 log = logging.getLogger("stallscope.api")
 
@@ -47,14 +47,14 @@ class ApiConfigError(Exception):
     """The API cannot start as configured; the message says how to fix it."""
 
 
-def check_api_options(api_socket=None, listen=None, tls_cert=None, tls_key=None,
-                      client_ca=None):
+def check_api_options(api_socket=None, listen=None, tls_cert=None, tls_key=None, client_ca=None):
     """Refuse what must not run (plain-text TCP, half a TLS setup, unreadable files)."""
     if listen:
         if not (tls_cert and tls_key):
             raise ApiConfigError(
                 f"refusing to serve the API on TCP {listen} without TLS: give --tls-cert and "
-                "--tls-key (and --tls-client-ca for mutual TLS), or use --api-socket only")
+                "--tls-key (and --tls-client-ca for mutual TLS), or use --api-socket only"
+            )
         if ":" not in listen:
             raise ApiConfigError(f"--grpc-listen wants HOST:PORT, got {listen!r}")
     elif tls_cert or tls_key or client_ca:
@@ -125,12 +125,18 @@ class StallscopeServicer(pb_grpc.StallscopeServicer):
 
     # ----- StreamEvents -------------------------------------------------------------
     def StreamEvents(self, request, context):
-        if len(self.fanout.subscribers) >= MAX_SUBSCRIBERS + 1:   # +1: the detector
-            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                          f"at most {MAX_SUBSCRIBERS} event streams at once")
-        flt = Filter(kinds=request.kinds, span_kinds=request.span_kinds,
-                     run_ids=request.run_ids, pids=request.pids,
-                     min_duration_ns=request.min_duration_ns)
+        if len(self.fanout.subscribers) >= MAX_SUBSCRIBERS + 1:  # +1: the detector
+            context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"at most {MAX_SUBSCRIBERS} event streams at once",
+            )
+        flt = Filter(
+            kinds=request.kinds,
+            span_kinds=request.span_kinds,
+            run_ids=request.run_ids,
+            pids=request.pids,
+            min_duration_ns=request.min_duration_ns,
+        )
         sub = self.fanout.subscribe(flt, request.max_queue_events, name=context.peer())
         context.add_callback(sub.close)
         log.info("event stream opened by %s", context.peer())
@@ -142,15 +148,22 @@ class StallscopeServicer(pb_grpc.StallscopeServicer):
                     continue
                 out = []
                 if dropped:
-                    out.append(pb.Event(dropped=pb.Dropped(
-                        count=dropped, total=sub.dropped_total, reason="subscriber_queue_full")))
+                    out.append(
+                        pb.Event(
+                            dropped=pb.Dropped(
+                                count=dropped,
+                                total=sub.dropped_total,
+                                reason="subscriber_queue_full",
+                            )
+                        )
+                    )
                 runs = self.fanout.refresh_runs() if (needs_runs or items) else {}
                 for kind, batch in items:
                     chosen = flt.apply(kind, batch, runs)
                     if chosen.num_rows:
                         out.extend(events.to_events(kind, chosen, runs))
                 for i in range(0, len(out), MAX_EVENTS_PER_MESSAGE):
-                    part = out[i:i + MAX_EVENTS_PER_MESSAGE]
+                    part = out[i : i + MAX_EVENTS_PER_MESSAGE]
                     for ev in part:
                         if not ev.HasField("dropped"):
                             ev.seq = sub.seq
@@ -158,21 +171,30 @@ class StallscopeServicer(pb_grpc.StallscopeServicer):
                     yield pb.EventBatch(events=part, sent_ns=time.monotonic_ns())
         finally:
             self.fanout.unsubscribe(sub)
-            log.info("event stream closed by %s (%d events sent, %d dropped)",
-                     context.peer(), sub.seq, sub.dropped_total)
+            log.info(
+                "event stream closed by %s (%d events sent, %d dropped)",
+                context.peer(),
+                sub.seq,
+                sub.dropped_total,
+            )
 
     # ----- Query ------------------------------------------------------------------------
     def Query(self, request, context):
         if not self._queries.acquire(timeout=5):
-            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                          f"{MAX_CONCURRENT_QUERIES} queries already running; try again")
+            context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"{MAX_CONCURRENT_QUERIES} queries already running; try again",
+            )
         try:
             try:
-                run = QueryRun(self.daemon.store, request.sql,
-                               [_to_python(v) for v in request.params],
-                               max_rows=request.max_rows,
-                               timeout_s=request.timeout_ms / 1000.0,
-                               batch_rows=request.batch_rows).start()
+                run = QueryRun(
+                    self.daemon.store,
+                    request.sql,
+                    [_to_python(v) for v in request.params],
+                    max_rows=request.max_rows,
+                    timeout_s=request.timeout_ms / 1000.0,
+                    batch_rows=request.batch_rows,
+                ).start()
             except QueryError as exc:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
             except NotSandboxed as exc:
@@ -196,8 +218,12 @@ class StallscopeServicer(pb_grpc.StallscopeServicer):
                     yield msg
             except QueryError as exc:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-            last = pb.QueryResponse(done=True, truncated=run.truncated, total_rows=run.rows,
-                                    elapsed_us=int(run.elapsed_s * 1e6))
+            last = pb.QueryResponse(
+                done=True,
+                truncated=run.truncated,
+                total_rows=run.rows,
+                elapsed_us=int(run.elapsed_s * 1e6),
+            )
             if first:
                 last.columns.extend(columns)
             yield last
@@ -216,35 +242,55 @@ class StallscopeServicer(pb_grpc.StallscopeServicer):
         rows = self._sql(
             "SELECT run_id, pid, label, python, started_ns, connected_ns, ended_ns, "
             "records, connections FROM runs "
-            + ("WHERE ended_ns IS NULL " if live_only else "") + "ORDER BY run_id DESC")
-        return [pb.RunSummary(run_id=r[0], pid=r[1] or 0, label=r[2] or "", python=r[3] or "",
-                              started_ns=r[4] or 0, connected_ns=r[5] or 0,
-                              ended_ns=r[6] or 0, live=r[6] is None, records=r[7] or 0,
-                              connections=r[8] or 0) for r in rows]
+            + ("WHERE ended_ns IS NULL " if live_only else "")
+            + "ORDER BY run_id DESC"
+        )
+        return [
+            pb.RunSummary(
+                run_id=r[0],
+                pid=r[1] or 0,
+                label=r[2] or "",
+                python=r[3] or "",
+                started_ns=r[4] or 0,
+                connected_ns=r[5] or 0,
+                ended_ns=r[6] or 0,
+                live=r[6] is None,
+                records=r[7] or 0,
+                connections=r[8] or 0,
+            )
+            for r in rows
+        ]
 
     def GetStatus(self, request, context):
         d = self.daemon
         store = d.store
-        st = pb.Status(version=_version(), daemon_pid=os.getpid(),
-                       uptime_ns=time.monotonic_ns() - self.started_ns, db_path=store.path)
-        st.db_bytes = sum(os.path.getsize(p) for p in (store.path, store.path + ".wal")
-                          if os.path.exists(p))
+        st = pb.Status(
+            version=_version(),
+            daemon_pid=os.getpid(),
+            uptime_ns=time.monotonic_ns() - self.started_ns,
+            db_path=store.path,
+        )
+        st.db_bytes = sum(
+            os.path.getsize(p) for p in (store.path, store.path + ".wal") if os.path.exists(p)
+        )
         active = {p.name: p for p in getattr(d, "probes", [])}
         try:
             rows = self._sql(
                 "SELECT probe, backend, state, detail FROM probe_status QUALIFY row_number() "
-                "OVER (PARTITION BY probe ORDER BY ts_ns DESC) = 1 ORDER BY probe")
+                "OVER (PARTITION BY probe ORDER BY ts_ns DESC) = 1 ORDER BY probe"
+            )
         except Exception:
             rows = []
         seen = set()
         for probe, backend, state, detail in rows:
             seen.add(probe)
-            ps = pb.ProbeState(probe=probe, backend=backend or "", state=state or "",
-                               detail=detail or "")
+            ps = pb.ProbeState(
+                probe=probe, backend=backend or "", state=state or "", detail=detail or ""
+            )
             if probe in active:
                 ps.stats.update(_stats(active[probe]))
             st.probes.append(ps)
-        for name, probe in active.items():   # not yet flushed to probe_status
+        for name, probe in active.items():  # not yet flushed to probe_status
             if name not in seen:
                 ps = pb.ProbeState(probe=name, backend=probe.backend, state="active")
                 ps.stats.update(_stats(probe))
@@ -282,6 +328,7 @@ def _stats(probe):
 def _version():
     try:
         from importlib.metadata import version
+
         return version("stallscope")
     except Exception:
         return "unknown"
@@ -320,15 +367,15 @@ class ApiServer:
                 pass
 
 
-def start_api_server(daemon, api_socket, listen=None, tls_cert=None, tls_key=None,
-                     client_ca=None):
+def start_api_server(daemon, api_socket, listen=None, tls_cert=None, tls_key=None, client_ca=None):
     """Serve the API for `daemon`; returns an ApiServer. Raises SystemExit when the
     configuration is refused (plain-text TCP, unreadable TLS files, socket in use)."""
     try:
         check_api_options(api_socket, listen, tls_cert, tls_key, client_ca)
         if not api_socket and not listen:
-            raise ApiConfigError("no API endpoint: give --api-socket PATH and/or "
-                                 "--grpc-listen HOST:PORT with TLS")
+            raise ApiConfigError(
+                "no API endpoint: give --api-socket PATH and/or --grpc-listen HOST:PORT with TLS"
+            )
         if api_socket:
             _prepare_unix_socket(api_socket)
     except ApiConfigError as exc:
@@ -341,19 +388,21 @@ def start_api_server(daemon, api_socket, listen=None, tls_cert=None, tls_key=Non
     detector = StallDetector(fanout).start()
     servicer = StallscopeServicer(daemon, fanout, detector)
     server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=MAX_SUBSCRIBERS + MAX_CONCURRENT_QUERIES + 4,
-                                   thread_name_prefix="api"),
+        futures.ThreadPoolExecutor(
+            max_workers=MAX_SUBSCRIBERS + MAX_CONCURRENT_QUERIES + 4, thread_name_prefix="api"
+        ),
         maximum_concurrent_rpcs=MAX_SUBSCRIBERS + MAX_CONCURRENT_QUERIES + 8,
-        options=[("grpc.max_send_message_length", 64 << 20),
-                 ("grpc.so_reuseport", 0)])
+        options=[("grpc.max_send_message_length", 64 << 20), ("grpc.so_reuseport", 0)],
+    )
     pb_grpc.add_StallscopeServicer_to_server(servicer, server)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
-        (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+        (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+    )
 
     tcp_port = None
-    old = os.umask(0o117)     # the socket file is born 0660, never wider
+    old = os.umask(0o117)  # the socket file is born 0660, never wider
     try:
         if api_socket:
             server.add_insecure_port("unix:" + os.path.abspath(api_socket))
@@ -361,7 +410,8 @@ def start_api_server(daemon, api_socket, listen=None, tls_cert=None, tls_key=Non
             creds = grpc.ssl_server_credentials(
                 [(_read(tls_key), _read(tls_cert))],
                 root_certificates=_read(client_ca) if client_ca else None,
-                require_client_auth=bool(client_ca))
+                require_client_auth=bool(client_ca),
+            )
             tcp_port = server.add_secure_port(listen, creds)
             if not tcp_port:
                 raise RuntimeError(f"could not listen on {listen}")
@@ -385,6 +435,8 @@ def start_api_server(daemon, api_socket, listen=None, tls_cert=None, tls_key=Non
         where.append(f"unix:{api_socket}")
     if listen:
         host = listen.rsplit(":", 1)[0]
-        where.append(f"tcp {host}:{tcp_port} (TLS{', client certificates required' if client_ca else ''})")
+        where.append(
+            f"tcp {host}:{tcp_port} (TLS{', client certificates required' if client_ca else ''})"
+        )
     log.info("API serving on %s", " and ".join(where))
     return ApiServer(server, fanout, detector, daemon.store, api_socket, tcp_port)

@@ -19,19 +19,28 @@ from collections import defaultdict, deque
 
 import grpc
 
-from stallscope.api.v1 import stallscope_pb2 as pb
 from stallscope.api.client import ApiError, Client
+from stallscope.api.v1 import stallscope_pb2 as pb
 
-WINDOW_NS = 10_000_000_000       # percentiles over the last 10 s of steps
-RATE_WINDOW_NS = 5_000_000_000   # steps/s over the last 5 s
+WINDOW_NS = 10_000_000_000  # percentiles over the last 10 s of steps
+RATE_WINDOW_NS = 5_000_000_000  # steps/s over the last 5 s
 TTY_REFRESH_S = 0.5
 PIPE_REFRESH_S = 2.0
 RECENT_STALLS = 8
 
-GPU_REASONS = {0x1: "idle", 0x2: "app-clocks", 0x4: "sw-power", 0x8: "hw-slowdown",
-               0x10: "sync-boost", 0x20: "sw-thermal", 0x40: "hw-thermal",
-               0x80: "power-brake", 0x100: "display", 0x200: "board-limit",
-               0x400: "reliability"}
+GPU_REASONS = {
+    0x1: "idle",
+    0x2: "app-clocks",
+    0x4: "sw-power",
+    0x8: "hw-slowdown",
+    0x10: "sync-boost",
+    0x20: "sw-thermal",
+    0x40: "hw-thermal",
+    0x80: "power-brake",
+    0x100: "display",
+    0x200: "board-limit",
+    0x400: "reliability",
+}
 
 
 def _pct(sorted_values, q):
@@ -56,15 +65,15 @@ class Dashboard:
 
     def __init__(self):
         self._lock = threading.Lock()
-        self.steps = defaultdict(deque)       # stage -> deque of (end_ns, duration_ns)
-        self.gc = deque()                     # (end_ns, generation, duration_ns)
+        self.steps = defaultdict(deque)  # stage -> deque of (end_ns, duration_ns)
+        self.gc = deque()  # (end_ns, generation, duration_ns)
         self.stalls = deque(maxlen=RECENT_STALLS)
         self.stalls_total = 0
-        self.gpus = {}                        # gpu -> GpuSample
-        self.gpu_min_sm = {}                  # gpu -> min SM clock in the window (MHz)
+        self.gpus = {}  # gpu -> GpuSample
+        self.gpu_min_sm = {}  # gpu -> min SM clock in the window (MHz)
         self.dropped = 0
         self.events = 0
-        self.clock_offset_ns = None           # daemon clock - local clock
+        self.clock_offset_ns = None  # daemon clock - local clock
         self.error = None
 
     def now_ns(self):
@@ -92,12 +101,13 @@ class Dashboard:
                     self.stalls_total += 1
                 elif which == "gpu_sample":
                     g = ev.gpu_sample
-                    if g.source != "buffer":   # buffered samples carry clocks only
+                    if g.source != "buffer":  # buffered samples carry clocks only
                         self.gpus[g.gpu] = g
                     if g.sm_clock_mhz >= 0:
                         low = self.gpu_min_sm.get(g.gpu)
-                        self.gpu_min_sm[g.gpu] = g.sm_clock_mhz if low is None \
-                            else min(low, g.sm_clock_mhz)
+                        self.gpu_min_sm[g.gpu] = (
+                            g.sm_clock_mhz if low is None else min(low, g.sm_clock_mhz)
+                        )
                 elif which == "dropped":
                     self.dropped += ev.dropped.count
             self._prune(self.now_ns())
@@ -114,52 +124,73 @@ class Dashboard:
         with self._lock:
             now = self.now_ns()
             self._prune(now)
-            lines = [f"stallscope top   events {self.events}   stream lost {self.dropped}"
-                     + (f"   ERROR {self.error}" if self.error else ""), ""]
-            lines.append(f"{'stage':<16}{'steps/s':>10}{'p50 ms':>10}{'p99 ms':>10}"
-                         f"{'max ms':>10}{'n (10 s)':>10}   (steps/s over 5 s)")
+            lines = [
+                f"stallscope top   events {self.events}   stream lost {self.dropped}"
+                + (f"   ERROR {self.error}" if self.error else ""),
+                "",
+            ]
+            lines.append(
+                f"{'stage':<16}{'steps/s':>10}{'p50 ms':>10}{'p99 ms':>10}"
+                f"{'max ms':>10}{'n (10 s)':>10}   (steps/s over 5 s)"
+            )
             for stage in sorted(self.steps):
                 q = self.steps[stage]
                 durs = sorted(d for _, d in q)
                 recent = sum(1 for end, _ in q if end >= now - RATE_WINDOW_NS)
-                lines.append(f"{stage[:15]:<16}{recent / (RATE_WINDOW_NS / 1e9):>10.1f}"
-                             f"{_ms(_pct(durs, 0.5)):>10}{_ms(_pct(durs, 0.99)):>10}"
-                             f"{_ms(durs[-1] if durs else None):>10}{len(durs):>10}")
+                lines.append(
+                    f"{stage[:15]:<16}{recent / (RATE_WINDOW_NS / 1e9):>10.1f}"
+                    f"{_ms(_pct(durs, 0.5)):>10}{_ms(_pct(durs, 0.99)):>10}"
+                    f"{_ms(durs[-1] if durs else None):>10}{len(durs):>10}"
+                )
             if not self.steps:
                 lines.append("(no steps yet: is a probe client connected?)")
             lines.append("")
             per_gen = defaultdict(list)
             for _, gen, dur in self.gc:
                 per_gen[gen].append(dur)
-            gc_text = "   ".join(f"gen{g}: {len(d)} passes, max {_ms(max(d))} ms"
-                                for g, d in sorted(per_gen.items())) or "none"
+            gc_text = (
+                "   ".join(
+                    f"gen{g}: {len(d)} passes, max {_ms(max(d))} ms"
+                    for g, d in sorted(per_gen.items())
+                )
+                or "none"
+            )
             lines.append(f"GC (10 s): {gc_text}")
             for gpu in sorted(self.gpus):
                 g = self.gpus[gpu]
+
                 def known(v, unit):
                     return f"{v}{unit}" if v >= 0 else "?"
+
                 power = f"{g.power_mw / 1000:.0f} W" if g.power_mw >= 0 else "?"
-                lines.append(f"GPU {gpu}: SM {known(g.sm_clock_mhz, ' MHz')} (min "
-                             f"{self.gpu_min_sm.get(gpu)} since start)  mem "
-                             f"{known(g.mem_clock_mhz, ' MHz')}  power {power}  "
-                             f"{known(g.temp_c, ' C')}  util {known(g.util_pct, '%')}  "
-                             f"reasons {reasons_text(g.clock_event_reasons)}")
+                lines.append(
+                    f"GPU {gpu}: SM {known(g.sm_clock_mhz, ' MHz')} (min "
+                    f"{self.gpu_min_sm.get(gpu)} since start)  mem "
+                    f"{known(g.mem_clock_mhz, ' MHz')}  power {power}  "
+                    f"{known(g.temp_c, ' C')}  util {known(g.util_pct, '%')}  "
+                    f"reasons {reasons_text(g.clock_event_reasons)}"
+                )
             if not self.gpus:
                 lines.append("GPU: no samples (no GPU probe, or no GPU)")
             lines.append("")
-            lines.append(f"stalls (step > baseline x 1.2): {self.stalls_total} since start, "
-                         f"latest {len(self.stalls)}:")
+            lines.append(
+                f"stalls (step > baseline x 1.2): {self.stalls_total} since start, "
+                f"latest {len(self.stalls)}:"
+            )
             for a in reversed(self.stalls):
                 age_s = (now - a.end_ns) / 1e9
                 extra = []
                 if a.gc_overlap_ns:
                     extra.append(f"gc {a.gc_overlap_ns / 1e6:.1f} ms (gen{a.gc_generation})")
                 if a.offcpu_ns:
-                    extra.append(f"off-cpu {a.offcpu_ns / 1e6:.1f} ms "
-                                 f"(preempted {a.preempted_ns / 1e6:.1f})")
-                lines.append(f"  {age_s:6.1f}s ago  run {a.run_id} {a.stage or '-'}/b{a.batch}  "
-                             f"{a.duration_ns / 1e6:.1f} ms vs {a.baseline_ns / 1e6:.1f} ms "
-                             f"(x{a.ratio:.1f})  {a.cause}  {'  '.join(extra)}")
+                    extra.append(
+                        f"off-cpu {a.offcpu_ns / 1e6:.1f} ms (preempted {a.preempted_ns / 1e6:.1f})"
+                    )
+                lines.append(
+                    f"  {age_s:6.1f}s ago  run {a.run_id} {a.stage or '-'}/b{a.batch}  "
+                    f"{a.duration_ns / 1e6:.1f} ms vs {a.baseline_ns / 1e6:.1f} ms "
+                    f"(x{a.ratio:.1f})  {a.cause}  {'  '.join(extra)}"
+                )
         return "\n".join(line[:width] for line in lines) + "\n"
 
 
@@ -192,12 +223,14 @@ def run(api_socket, duration_s=None, out=None, target=None):
     try:
         client.wait_ready(timeout_s=5)
     except ApiError as exc:
-        print(f"error: {exc} (is the daemon running with --api-socket {api_socket}?)",
-              file=sys.stderr)
+        print(
+            f"error: {exc} (is the daemon running with --api-socket {api_socket}?)", file=sys.stderr
+        )
         return 2
     board = Dashboard()
-    stream = client.events(kinds=[pb.SPAN, pb.GC_PASS, pb.GPU_SAMPLE, pb.STALL_ALERT],
-                           span_kinds=["step"])
+    stream = client.events(
+        kinds=[pb.SPAN, pb.GC_PASS, pb.GPU_SAMPLE, pb.STALL_ALERT], span_kinds=["step"]
+    )
     done = threading.Event()
     threading.Thread(target=_reader, args=(stream, board, done), daemon=True).start()
     tty = out.isatty()

@@ -24,8 +24,9 @@ def _wait_for_socket(path, proc, log_path, timeout_s=30.0):
         if ready and os.path.exists(path):
             return
         if proc.poll() is not None:
-            raise SystemExit(f"error: the daemon exited early (status {proc.returncode}); "
-                             "see its log above")
+            raise SystemExit(
+                f"error: the daemon exited early (status {proc.returncode}); see its log above"
+            )
         time.sleep(0.05)
     raise SystemExit(f"error: the daemon did not create {path} within {timeout_s:.0f} s")
 
@@ -47,17 +48,34 @@ def run_demo(args):
         _wait_for_socket(sock, daemon, log_path)
         with open(log_path) as f:
             for line in f:
-                if " probe: using " in line or " probe unavailable" in line \
-                        or " probe: disabled" in line:
+                if (
+                    " probe: using " in line
+                    or " probe unavailable" in line
+                    or " probe: disabled" in line
+                ):
                     print("  " + line.split(" INFO ", 1)[-1].split(" WARNING ", 1)[-1].strip())
-        print(f"running the serving-engine scenario for {args.duration:.0f} s "
-              f"({args.rate:g} req/s; the seed's leaky timing hook "
-              f"{'on' if args.gc_pressure else 'off'}; 1.7% of submits +3 ms host work)",
-              flush=True)
+        print(
+            f"running the serving-engine scenario for {args.duration:.0f} s "
+            f"({args.rate:g} req/s; the seed's leaky timing hook "
+            f"{'on' if args.gc_pressure else 'off'}; 1.7% of submits +3 ms host work)",
+            flush=True,
+        )
         env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
-        cmd = [py, "-m", "stallscope.demo.scenario", sock, "--duration", str(args.duration),
-               "--rate", str(args.rate), "--progress", "--label", "demo",
-               "--submit-jitter", "0.017:3"]
+        cmd = [
+            py,
+            "-m",
+            "stallscope.demo.scenario",
+            sock,
+            "--duration",
+            str(args.duration),
+            "--rate",
+            str(args.rate),
+            "--progress",
+            "--label",
+            "demo",
+            "--submit-jitter",
+            "0.017:3",
+        ]
         if args.gc_pressure:
             cmd.append("--gc-pressure")
         rc = subprocess.call(cmd, env=env)
@@ -71,10 +89,13 @@ def run_demo(args):
             daemon.kill()
             daemon.wait()
     if daemon.returncode != 0:
-        print(f"warning: the daemon exited with status {daemon.returncode}; log: {log_path}",
-              file=sys.stderr)
+        print(
+            f"warning: the daemon exited with status {daemon.returncode}; log: {log_path}",
+            file=sys.stderr,
+        )
 
     import duckdb
+
     con = duckdb.connect(db, read_only=True)
     try:
         print()
@@ -87,8 +108,10 @@ def run_demo(args):
             print(report.build_report(con, out_dir=out_dir))
     finally:
         con.close()
-    print(f"database: {db}\n"
-          f"query it:  {py} -m stallscope.cli query step_attribution --db {db}\n"
-          f"           (or `stallscope query \"SELECT ...\" --db {db}`)\n"
-          f"daemon log: {log_path}")
+    print(
+        f"database: {db}\n"
+        f"query it:  {py} -m stallscope.cli query step_attribution --db {db}\n"
+        f'           (or `stallscope query "SELECT ..." --db {db}`)\n'
+        f"daemon log: {log_path}"
+    )
     return 0

@@ -38,8 +38,12 @@ LATER_TOKEN_LOOPS = 4
 MAX_IN_FLIGHT = 96
 
 # Target host time per stage, milliseconds: (base, per request in the batch).
-STAGE_COST_MS = {"prefill": (30.0, 4.0), "prelude": (4.0, 0.15),
-                 "recurrent": (5.0, 0.2), "coda": (4.5, 0.15)}
+STAGE_COST_MS = {
+    "prefill": (30.0, 4.0),
+    "prelude": (4.0, 0.15),
+    "recurrent": (5.0, 0.2),
+    "coda": (4.5, 0.15),
+}
 
 
 class Request:
@@ -136,7 +140,7 @@ class Executor:
 
     def __init__(self, work, jitter_p=0.0, jitter_s=0.0, seed=0):
         self.work = work
-        self.submit_extra_s = 0.0   # injected host-side delay inside submit()
+        self.submit_extra_s = 0.0  # injected host-side delay inside submit()
         # The seed's second effect: ~1.7% of steps ~3 ms slow inside submit.
         self.jitter_p = jitter_p
         self.jitter_s = jitter_s
@@ -215,8 +219,13 @@ class LeakyStepTimer:
         ticket = self._orig_submit(batch)
         extra = int((t0 - self._last) * self.objects_per_s)
         self._last = t0
-        row = {"phase": batch.phase, "batch": len(batch.requests), "t0": t0,
-               "ticket": ticket, "payload": [[i] for i in range(min(extra, 5000))]}
+        row = {
+            "phase": batch.phase,
+            "batch": len(batch.requests),
+            "t0": t0,
+            "ticket": ticket,
+            "payload": [[i] for i in range(min(extra, 5000))],
+        }
         collect = ticket.collect
 
         def timed_collect():
@@ -283,7 +292,7 @@ class Injector:
 
     def _start_hog(self):
         cpu = min(os.sched_getaffinity(0))
-        os.sched_setaffinity(0, {cpu})        # the engine thread stays on `cpu`
+        os.sched_setaffinity(0, {cpu})  # the engine thread stays on `cpu`
         r, w = os.pipe()
         pid = os.fork()
         if pid == 0:  # the hog: waits on the pipe, then spins on our CPU
@@ -322,8 +331,12 @@ class Injector:
         result = self._orig_step()
         t1 = time.monotonic_ns()
         if self.log:
-            self.log.write(json.dumps({"cause": cause, "start_ns": t0, "end_ns": t1,
-                                       "tid": threading.get_native_id()}) + "\n")
+            self.log.write(
+                json.dumps(
+                    {"cause": cause, "start_ns": t0, "end_ns": t1, "tid": threading.get_native_id()}
+                )
+                + "\n"
+            )
             self.log.flush()
         return result
 
@@ -335,10 +348,22 @@ class Injector:
             self.log.close()
 
 
-def run_scenario(socket_path, duration_s=45.0, rate=1.0, gc_pressure=False,
-                 heap_objects=None, warmup_s=None, label="demo", progress=None,
-                 inject=None, inject_every=50, inject_ms=15.0, inject_log=None, seed=0,
-                 submit_jitter=(0.0, 0.0)):
+def run_scenario(
+    socket_path,
+    duration_s=45.0,
+    rate=1.0,
+    gc_pressure=False,
+    heap_objects=None,
+    warmup_s=None,
+    label="demo",
+    progress=None,
+    inject=None,
+    inject_every=50,
+    inject_ms=15.0,
+    inject_log=None,
+    seed=0,
+    submit_jitter=(0.0, 0.0),
+):
     """Run the engine for `duration_s`, traced through `socket_path`."""
     import probe_client
 
@@ -358,8 +383,9 @@ def run_scenario(socket_path, duration_s=45.0, rate=1.0, gc_pressure=False,
         injector = Injector(engine, inject, inject_every, inject_ms, inject_log)
     probe = probe_client.connect(socket_path=socket_path, run_label=label)
     probe.attach(engine, "_step", kind="step")
-    probe.attach(engine, "_schedule", kind="schedule", stage="result.phase",
-                 batch="len(result.requests)")
+    probe.attach(
+        engine, "_schedule", kind="schedule", stage="result.phase", batch="len(result.requests)"
+    )
     probe.attach(engine, "executor.submit", kind="submit")
     probe.attach(Ticket, "collect", kind="collect")
 
@@ -404,13 +430,19 @@ def run_scenario(socket_path, duration_s=45.0, rate=1.0, gc_pressure=False,
         engine.executor.close()
         probe.close()
     del heap, leaky
-    return {"steps": engine.steps, "requests": rid, "finished": engine.finished,
-            "gc_stats": gc.get_stats(), "probe": probe.stats()}
+    return {
+        "steps": engine.steps,
+        "requests": rid,
+        "finished": engine.finished,
+        "gc_stats": gc.get_stats(),
+        "probe": probe.stats(),
+    }
 
 
 def main(argv=None):
     """`python -m stallscope.scenario SOCKET [options]`: run the engine alone."""
     import argparse
+
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("socket")
     p.add_argument("--duration", type=float, default=45.0)
@@ -424,9 +456,13 @@ def main(argv=None):
     p.add_argument("--inject-every", type=int, default=50)
     p.add_argument("--inject-ms", type=float, default=15.0)
     p.add_argument("--inject-log", default=None)
-    p.add_argument("--submit-jitter", default="0:0", metavar="P:MS",
-                   help="with probability P, a submit call does MS ms of extra host work "
-                        "(the seed saw ~1.7%% of steps ~3 ms slow inside submit: 0.017:3)")
+    p.add_argument(
+        "--submit-jitter",
+        default="0:0",
+        metavar="P:MS",
+        help="with probability P, a submit call does MS ms of extra host work "
+        "(the seed saw ~1.7%% of steps ~3 ms slow inside submit: 0.017:3)",
+    )
     p.add_argument("--result", default=None, help="write a JSON summary here")
     a = p.parse_args(argv)
 
@@ -439,9 +475,11 @@ def main(argv=None):
         last[0] = now
         width = 30
         done = int(width * min(1.0, now / total))
-        sys.stderr.write(f"{chr(13) if tty else ''}  engine [{'#' * done}{'.' * (width - done)}] "
-                         f"{now:5.1f}/{total:.0f} s  steps {engine.steps:6d}  "
-                         f"requests done {engine.finished:4d}")
+        sys.stderr.write(
+            f"{chr(13) if tty else ''}  engine [{'#' * done}{'.' * (width - done)}] "
+            f"{now:5.1f}/{total:.0f} s  steps {engine.steps:6d}  "
+            f"requests done {engine.finished:4d}"
+        )
         if now >= total or not tty:
             sys.stderr.write("\n")
         sys.stderr.flush()
@@ -451,10 +489,21 @@ def main(argv=None):
         jitter = (float(p_str), float(ms_str) / 1000.0)
     except ValueError:
         p.error(f"--submit-jitter wants P:MS such as 0.017:3, not {a.submit_jitter!r}")
-    out = run_scenario(a.socket, a.duration, a.rate, a.gc_pressure, a.heap_objects,
-                       a.warmup, a.label, progress if a.progress else None,
-                       [c for c in a.inject.split(",") if c], a.inject_every,
-                       a.inject_ms, a.inject_log, submit_jitter=jitter)
+    out = run_scenario(
+        a.socket,
+        a.duration,
+        a.rate,
+        a.gc_pressure,
+        a.heap_objects,
+        a.warmup,
+        a.label,
+        progress if a.progress else None,
+        [c for c in a.inject.split(",") if c],
+        a.inject_every,
+        a.inject_ms,
+        a.inject_log,
+        submit_jitter=jitter,
+    )
     if a.result:
         with open(a.result, "w") as f:
             json.dump(out, f)

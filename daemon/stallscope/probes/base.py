@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 
 @dataclass
 class ProbeSettings:
-    proc_root: str = "/proc"          # procfs root (tests point it at fixtures)
-    sched_poll_hz: float = 100.0      # /proc backend sampling rate
-    gpu_poll_hz: float = 10.0         # NVML polling rate
-    gpus: tuple = ()                  # NVML indices to sample; empty = all
+    proc_root: str = "/proc"  # procfs root (tests point it at fixtures)
+    sched_poll_hz: float = 100.0  # /proc backend sampling rate
+    gpu_poll_hz: float = 10.0  # NVML polling rate
+    gpus: tuple = ()  # NVML indices to sample; empty = all
     extra: dict = field(default_factory=dict)
 
 

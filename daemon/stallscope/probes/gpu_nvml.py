@@ -29,7 +29,7 @@ from stallscope.probes.base import Probe, ProbeSettings
 log = logging.getLogger("stallscope.probes.gpu")
 
 MIN_BINDINGS = (12, 535)
-MAX_POLL_HZ = 50.0         # see docs/gpu-probe.md "cost"; faster is refused
+MAX_POLL_HZ = 50.0  # see docs/gpu-probe.md "cost"; faster is refused
 FIX_BINDINGS = "pip install 'nvidia-ml-py>=12.535'"
 
 # nvmlDeviceGetSamples types (values from nvml.h)
@@ -38,14 +38,30 @@ PROCESSOR_CLK_SAMPLES = 5
 BUFFER_TYPES = ((PROCESSOR_CLK_SAMPLES, "sm_clock_mhz"), (TOTAL_POWER_SAMPLES, "power_mw"))
 
 # Candidate clocks for the driver's sample timestamps, in order of preference.
-CANDIDATE_CLOCKS = (("realtime", time.CLOCK_REALTIME),
-                    ("boottime", getattr(time, "CLOCK_BOOTTIME", 7)),
-                    ("monotonic", time.CLOCK_MONOTONIC))
+CANDIDATE_CLOCKS = (
+    ("realtime", time.CLOCK_REALTIME),
+    ("boottime", getattr(time, "CLOCK_BOOTTIME", 7)),
+    ("monotonic", time.CLOCK_MONOTONIC),
+)
 
 # nvml_samples columns this probe writes (daemon/schema/030_gpu.sql has the types)
-_COLS = ("gpu", "ts_ns", "sm_clock_mhz", "mem_clock_mhz", "power_mw", "temp_c", "util_pct",
-         "clock_event_reasons", "graphics_clock_mhz", "mem_util_pct", "power_source",
-         "source", "raw_ts_us", "read_ns", "sync_err_ns")
+_COLS = (
+    "gpu",
+    "ts_ns",
+    "sm_clock_mhz",
+    "mem_clock_mhz",
+    "power_mw",
+    "temp_c",
+    "util_pct",
+    "clock_event_reasons",
+    "graphics_clock_mhz",
+    "mem_util_pct",
+    "power_source",
+    "source",
+    "raw_ts_us",
+    "read_ns",
+    "sync_err_ns",
+)
 
 
 def _version_tuple(text):
@@ -68,17 +84,27 @@ def binding_problem(module, dist_version, dist_file):
         # nvidia-ml-py ships a single pynvml.py; a pynvml/ package is the
         # legacy `pynvml` distribution (<= 11.x, returns bytes), which wins
         # the import when both are installed.
-        return (f"the legacy 'pynvml' package ({os.path.dirname(mod_file)}) shadows "
-                f"nvidia-ml-py: pip uninstall -y pynvml && {FIX_BINDINGS}")
+        return (
+            f"the legacy 'pynvml' package ({os.path.dirname(mod_file)}) shadows "
+            f"nvidia-ml-py: pip uninstall -y pynvml && {FIX_BINDINGS}"
+        )
     if dist_version is None:
-        return (f"module pynvml at {mod_file} does not come from nvidia-ml-py: "
-                f"pip uninstall -y pynvml && {FIX_BINDINGS}")
+        return (
+            f"module pynvml at {mod_file} does not come from nvidia-ml-py: "
+            f"pip uninstall -y pynvml && {FIX_BINDINGS}"
+        )
     if _version_tuple(dist_version) < MIN_BINDINGS:
         return f"nvidia-ml-py {dist_version} is too old (need >= 12.535): {FIX_BINDINGS}"
-    if dist_file and mod_file and os.path.exists(dist_file) and \
-            not os.path.samefile(dist_file, mod_file):
-        return (f"pynvml is imported from {mod_file}, not from nvidia-ml-py's "
-                f"{dist_file}: remove the other copy (pip uninstall -y pynvml)")
+    if (
+        dist_file
+        and mod_file
+        and os.path.exists(dist_file)
+        and not os.path.samefile(dist_file, mod_file)
+    ):
+        return (
+            f"pynvml is imported from {mod_file}, not from nvidia-ml-py's "
+            f"{dist_file}: remove the other copy (pip uninstall -y pynvml)"
+        )
     if not hasattr(module, "nvmlDeviceGetCurrentClocksEventReasons"):
         return f"pynvml at {mod_file} lacks nvmlDeviceGetCurrentClocksEventReasons: {FIX_BINDINGS}"
     return None
@@ -91,10 +117,17 @@ def _load_bindings():
     except ImportError as exc:
         return None, f"NVML bindings not installed ({exc}): {FIX_BINDINGS}"
     from importlib import metadata
+
     try:
         version = metadata.version("nvidia-ml-py")
-        dist_file = next((str(f.locate()) for f in metadata.files("nvidia-ml-py") or ()
-                          if f.name == "pynvml.py"), None)
+        dist_file = next(
+            (
+                str(f.locate())
+                for f in metadata.files("nvidia-ml-py") or ()
+                if f.name == "pynvml.py"
+            ),
+            None,
+        )
     except metadata.PackageNotFoundError:
         version, dist_file = None, None
     problem = binding_problem(module, version, dist_file)
@@ -111,7 +144,9 @@ def init_problem(nv, exc):
     if isinstance(exc, nv.NVMLError_NoPermission):
         return f"no permission to open /dev/nvidia* (run as a user in the video group); {off}"
     if isinstance(exc, nv.NVMLError_LibRmVersionMismatch):
-        return f"NVML library and kernel driver versions differ (reboot after a driver update); {off}"
+        return (
+            f"NVML library and kernel driver versions differ (reboot after a driver update); {off}"
+        )
     return f"NVML initialisation failed: {exc}; {off}"
 
 
@@ -138,15 +173,15 @@ class _Gpu:
         self.index = index
         self.handle = None
         self.name = None
-        self.unsupported = set()      # fields the driver said NotSupported for
-        self.power_instant = None     # None: not tried yet
+        self.unsupported = set()  # fields the driver said NotSupported for
+        self.power_instant = None  # None: not tried yet
         self.reasons_call = "nvmlDeviceGetCurrentClocksEventReasons"
         self.lost_since_ns = None
         self.lost_reason = None
         self.last_retry_ns = 0
-        self.last_seen_us = {}        # buffer type -> newest raw timestamp stored
-        self.period_us = {}           # buffer type -> median sample spacing
-        self.depth = {}               # buffer type -> samples in a full read
+        self.last_seen_us = {}  # buffer type -> newest raw timestamp stored
+        self.period_us = {}  # buffer type -> median sample spacing
+        self.depth = {}  # buffer type -> samples in a full read
 
 
 class NvmlGpuProbe(Probe):
@@ -172,9 +207,9 @@ class NvmlGpuProbe(Probe):
         self.sink = None
         self.gpus = []
         self._rows = {c: [] for c in _COLS}
-        self._pending_buffer = []     # (gpu, column, raw_us, value) awaiting calibration
+        self._pending_buffer = []  # (gpu, column, raw_us, value) awaiting calibration
         self._obs = deque(maxlen=128)  # (t0_ns, t1_ns, newest_raw_ns, period_ns)
-        self.sync = None              # dict: clock, offset_ns, err_ns, lower_ns, upper_ns
+        self.sync = None  # dict: clock, offset_ns, err_ns, lower_ns, upper_ns
         self._stop = threading.Event()
         self._thread = None
         self._lock = threading.Lock()
@@ -182,9 +217,18 @@ class NvmlGpuProbe(Probe):
         self._last_flush_ns = 0
         self._last_buffer_ns = 0
         self._last_sync_ns = 0
-        self.counters = {"polls": 0, "rows": 0, "buffer_rows": 0, "field_errors": 0,
-                         "late_ticks": 0, "lost_events": 0, "recoveries": 0,
-                         "buffer_overruns": 0, "syncs": 0, "tick_errors": 0}
+        self.counters = {
+            "polls": 0,
+            "rows": 0,
+            "buffer_rows": 0,
+            "field_errors": 0,
+            "late_ticks": 0,
+            "lost_events": 0,
+            "recoveries": 0,
+            "buffer_overruns": 0,
+            "syncs": 0,
+            "tick_errors": 0,
+        }
 
     # ----- availability --------------------------------------------------------
     @classmethod
@@ -210,8 +254,10 @@ class NvmlGpuProbe(Probe):
         wanted = tuple((settings or ProbeSettings()).gpus or ())
         missing = [i for i in wanted if not 0 <= int(i) < count]
         if missing:
-            return (f"GPU index {missing} not present (this host has {count}: 0..{count - 1}); "
-                    "fix the --gpus setting")
+            return (
+                f"GPU index {missing} not present (this host has {count}: 0..{count - 1}); "
+                "fix the --gpus setting"
+            )
         return None
 
     # ----- life cycle ----------------------------------------------------------
@@ -228,8 +274,9 @@ class NvmlGpuProbe(Probe):
         try:
             count = nv.nvmlDeviceGetCount()
         except nv.NVMLError as exc:
-            raise RuntimeError(f"NVML cannot count GPUs ({exc}); the GPU probe is off, "
-                               "the daemon runs on") from None
+            raise RuntimeError(
+                f"NVML cannot count GPUs ({exc}); the GPU probe is off, the daemon runs on"
+            ) from None
         indices = [int(i) for i in (self.settings.gpus or range(count))]
         self.gpus = [_Gpu(i) for i in indices]
         now = time.monotonic_ns()
@@ -243,8 +290,11 @@ class NvmlGpuProbe(Probe):
         if self.read_buffers_enabled:
             self.read_buffers()
             self.calibrate()
-        self._status("active", f"nvml, {len(self.gpus)} GPU(s) {indices}, "
-                     f"{self.poll_hz:g} Hz, buffers every {self.buffer_poll_s:g} s")
+        self._status(
+            "active",
+            f"nvml, {len(self.gpus)} GPU(s) {indices}, "
+            f"{self.poll_hz:g} Hz, buffers every {self.buffer_poll_s:g} s",
+        )
 
     def start(self, sink):
         self.open(sink)
@@ -268,8 +318,10 @@ class NvmlGpuProbe(Probe):
         try:
             self.flush()
             self._open = False
-            self._status("stopped", f"{self.counters['rows']} poll rows, "
-                         f"{self.counters['buffer_rows']} buffer rows")
+            self._status(
+                "stopped",
+                f"{self.counters['rows']} poll rows, {self.counters['buffer_rows']} buffer rows",
+            )
             try:
                 self.nv.nvmlShutdown()
             except self.nv.NVMLError:
@@ -278,9 +330,12 @@ class NvmlGpuProbe(Probe):
             self._lock.release()
 
     def status(self):
-        out = {"backend": self.backend, "poll_hz": self.poll_hz,
-               "gpus": [g.index for g in self.gpus],
-               "lost": [g.index for g in self.gpus if g.lost_since_ns is not None]}
+        out = {
+            "backend": self.backend,
+            "poll_hz": self.poll_hz,
+            "gpus": [g.index for g in self.gpus],
+            "lost": [g.index for g in self.gpus if g.lost_since_ns is not None],
+        }
         out.update(self.counters)
         if self.sync:
             out["clock_sync"] = dict(self.sync)
@@ -299,12 +354,16 @@ class NvmlGpuProbe(Probe):
                     self.tick()
             except Exception:  # the poller must survive anything NVML does
                 self.counters["tick_errors"] += 1
-                if self.counters["tick_errors"] in (1, 10) or self.counters["tick_errors"] % 1000 == 0:
-                    log.exception("GPU poll failed (%d so far); continuing",
-                                  self.counters["tick_errors"])
+                if (
+                    self.counters["tick_errors"] in (1, 10)
+                    or self.counters["tick_errors"] % 1000 == 0
+                ):
+                    log.exception(
+                        "GPU poll failed (%d so far); continuing", self.counters["tick_errors"]
+                    )
             deadline += period_ns
             now = time.monotonic_ns()
-            if now > deadline:   # fell behind (load, slow driver): skip, don't burst
+            if now > deadline:  # fell behind (load, slow driver): skip, don't burst
                 self.counters["late_ticks"] += (now - deadline) // period_ns + 1
                 deadline = now + period_ns - (now - deadline) % period_ns
             self._stop.wait((deadline - now) / 1e9)
@@ -332,8 +391,15 @@ class NvmlGpuProbe(Probe):
         try:
             return fn(*args)
         except nv.NVMLError as exc:
-            if isinstance(exc, (nv.NVMLError_GpuIsLost, nv.NVMLError_ResetRequired,
-                                nv.NVMLError_Uninitialized, nv.NVMLError_DriverNotLoaded)):
+            if isinstance(
+                exc,
+                (
+                    nv.NVMLError_GpuIsLost,
+                    nv.NVMLError_ResetRequired,
+                    nv.NVMLError_Uninitialized,
+                    nv.NVMLError_DriverNotLoaded,
+                ),
+            ):
                 raise _Lost(f"{field}: {exc}") from None
             if isinstance(exc, nv.NVMLError_NotSupported):
                 g.unsupported.add(field)
@@ -354,15 +420,18 @@ class NvmlGpuProbe(Probe):
     def _mark_lost(self, g, now_ns, reason):
         g.lost_since_ns, g.lost_reason, g.last_retry_ns = now_ns, reason, now_ns
         self.counters["lost_events"] += 1
-        self._status("failed", f"GPU {g.index} ({g.name or '?'}) lost ({reason}); retrying every "
-                     f"{self.retry_s:g} s; if it persists the GPU needs a reset "
-                     "(nvidia-smi -r) or the host a reboot")
+        self._status(
+            "failed",
+            f"GPU {g.index} ({g.name or '?'}) lost ({reason}); retrying every "
+            f"{self.retry_s:g} s; if it persists the GPU needs a reset "
+            "(nvidia-smi -r) or the host a reboot",
+        )
 
     def _retry(self, g, now_ns):
         g.last_retry_ns = now_ns
         nv = self.nv
         try:
-            nv.nvmlInit()    # refcounted; re-creates state after a driver reload
+            nv.nvmlInit()  # refcounted; re-creates state after a driver reload
             try:
                 self._attach(g)
                 nv.nvmlDeviceGetClockInfo(g.handle, nv.NVML_CLOCK_SM)
@@ -371,10 +440,13 @@ class NvmlGpuProbe(Probe):
         except (nv.NVMLError, _Lost):
             return False
         gap_polls = max(1, round((now_ns - g.lost_since_ns) * self.poll_hz / 1e9))
-        self.sink.loss("gpu", g.lost_since_ns, now_ns, gap_polls, f"gpu{g.index}_lost: {g.lost_reason}")
+        self.sink.loss(
+            "gpu", g.lost_since_ns, now_ns, gap_polls, f"gpu{g.index}_lost: {g.lost_reason}"
+        )
         self.counters["recoveries"] += 1
-        self._status("active", f"GPU {g.index} answers again after "
-                     f"{(now_ns - g.lost_since_ns) / 1e9:.1f} s")
+        self._status(
+            "active", f"GPU {g.index} answers again after {(now_ns - g.lost_since_ns) / 1e9:.1f} s"
+        )
         g.lost_since_ns = g.lost_reason = None
         g.last_seen_us.clear()
         return True
@@ -402,8 +474,9 @@ class NvmlGpuProbe(Probe):
         t0 = time.monotonic_ns()
         row = {"gpu": g.index, "source": "poll"}
         row["sm_clock_mhz"] = call(g, "sm_clock", nv.nvmlDeviceGetClockInfo, h, nv.NVML_CLOCK_SM)
-        row["graphics_clock_mhz"] = call(g, "graphics_clock", nv.nvmlDeviceGetClockInfo, h,
-                                         nv.NVML_CLOCK_GRAPHICS)
+        row["graphics_clock_mhz"] = call(
+            g, "graphics_clock", nv.nvmlDeviceGetClockInfo, h, nv.NVML_CLOCK_GRAPHICS
+        )
         row["mem_clock_mhz"] = call(g, "mem_clock", nv.nvmlDeviceGetClockInfo, h, nv.NVML_CLOCK_MEM)
         self._read_power(g, row)
         row["temp_c"] = call(g, "temp", nv.nvmlDeviceGetTemperature, h, nv.NVML_TEMPERATURE_GPU)
@@ -418,8 +491,13 @@ class NvmlGpuProbe(Probe):
     def _read_power(self, g, row):
         nv = self.nv
         if g.power_instant is not False:
-            values = self._call(g, "power_instant", nv.nvmlDeviceGetFieldValues, g.handle,
-                                [nv.NVML_FI_DEV_POWER_INSTANT])
+            values = self._call(
+                g,
+                "power_instant",
+                nv.nvmlDeviceGetFieldValues,
+                g.handle,
+                [nv.NVML_FI_DEV_POWER_INSTANT],
+            )
             if values is not None:
                 v = values[0]
                 if v.nvmlReturn == nv.NVML_SUCCESS:
@@ -471,7 +549,7 @@ class NvmlGpuProbe(Probe):
                 try:
                     _vtype, samples = nv.nvmlDeviceGetSamples(g.handle, stype, last)
                 except nv.NVMLError_NotFound:
-                    continue     # no sample newer than `last`: normal
+                    continue  # no sample newer than `last`: normal
                 except nv.NVMLError as exc:
                     try:
                         self._call(g, key, _raiser(exc))
@@ -480,8 +558,9 @@ class NvmlGpuProbe(Probe):
                         break
                     continue
                 t1 = time.monotonic_ns()
-                fresh = sorted((int(s.timeStamp), s.sampleValue) for s in samples
-                               if int(s.timeStamp) > last)
+                fresh = sorted(
+                    (int(s.timeStamp), s.sampleValue) for s in samples if int(s.timeStamp) > last
+                )
                 if not fresh:
                     continue
                 stamps = [ts for ts, _ in fresh]
@@ -501,10 +580,11 @@ class NvmlGpuProbe(Probe):
                     missed = int((stamps[0] - last) / period) - 1
                     self.counters["buffer_overruns"] += 1
                     start, end = self._to_mono(last), self._to_mono(stamps[0])
-                    if start is None:          # not calibrated yet: the read's own time
+                    if start is None:  # not calibrated yet: the read's own time
                         start = end = t0
-                    self.sink.loss("gpu", int(start), int(end), missed,
-                                   f"gpu{g.index}_{column}_buffer_overrun")
+                    self.sink.loss(
+                        "gpu", int(start), int(end), missed, f"gpu{g.index}_{column}_buffer_overrun"
+                    )
                 g.last_seen_us[stype] = stamps[-1]
                 self._obs.append((t0, t1, stamps[-1] * 1000, period * 1000 if period else None))
                 for ts, value in fresh:
@@ -559,12 +639,27 @@ class NvmlGpuProbe(Probe):
         offset, lower = int(offset), int(lower)
         err = None if err is None else int(err)
         upper = None if upper is None else int(upper)
-        self.sync = {"clock": clock, "offset_ns": offset, "err_ns": err,
-                     "lower_ns": lower, "upper_ns": upper, "observations": len(self._obs)}
+        self.sync = {
+            "clock": clock,
+            "offset_ns": offset,
+            "err_ns": err,
+            "lower_ns": lower,
+            "upper_ns": upper,
+            "observations": len(self._obs),
+        }
         self.counters["syncs"] += 1
-        self.sink.append("nvml_clock_sync", {
-            "ts_ns": [now], "clock": [clock], "offset_ns": [offset], "err_ns": [err],
-            "lower_ns": [lower], "upper_ns": [upper], "observations": [len(self._obs)]})
+        self.sink.append(
+            "nvml_clock_sync",
+            {
+                "ts_ns": [now],
+                "clock": [clock],
+                "offset_ns": [offset],
+                "err_ns": [err],
+                "lower_ns": [lower],
+                "upper_ns": [upper],
+                "observations": [len(self._obs)],
+            },
+        )
         return self.sync
 
     # ----- output ---------------------------------------------------------------------
@@ -574,8 +669,14 @@ class NvmlGpuProbe(Probe):
         if self._pending_buffer and self.sync is not None:
             off, err = self.sync["offset_ns"], self.sync["err_ns"]
             for gpu, column, raw_us, value in self._pending_buffer:
-                row = {"gpu": gpu, "source": "buffer", "raw_ts_us": raw_us,
-                       "ts_ns": raw_us * 1000 - off, "sync_err_ns": err, column: value}
+                row = {
+                    "gpu": gpu,
+                    "source": "buffer",
+                    "raw_ts_us": raw_us,
+                    "ts_ns": raw_us * 1000 - off,
+                    "sync_err_ns": err,
+                    column: value,
+                }
                 if column == "power_mw":
                     row["power_source"] = "buffer"
                 for c in _COLS:
@@ -593,14 +694,22 @@ class NvmlGpuProbe(Probe):
         if self.sink is None:
             return
         log.info("gpu probe %s: %s", state, detail)
-        self.sink.append("probe_status", {
-            "ts_ns": [time.monotonic_ns()], "probe": [self.name], "backend": [self.backend],
-            "state": [state], "detail": [detail]})
+        self.sink.append(
+            "probe_status",
+            {
+                "ts_ns": [time.monotonic_ns()],
+                "probe": [self.name],
+                "backend": [self.backend],
+                "state": [state],
+                "detail": [detail],
+            },
+        )
 
 
 def _raiser(exc):
     def fn():
         raise exc
+
     return fn
 
 
@@ -612,6 +721,13 @@ def _field_value(nv, v):
 def _sample_value(value, vtype):
     # value types from nvml.h: 0 double, 1 uint, 2 ulong, 3 ulonglong,
     # 4 slonglong, 5 sint, 6 ushort
-    attr = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal",
-            5: "siVal", 6: "usVal"}.get(int(vtype), "uiVal")
+    attr = {
+        0: "dVal",
+        1: "uiVal",
+        2: "ulVal",
+        3: "ullVal",
+        4: "sllVal",
+        5: "siVal",
+        6: "usVal",
+    }.get(int(vtype), "uiVal")
     return int(getattr(value, attr))

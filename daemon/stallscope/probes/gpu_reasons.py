@@ -11,17 +11,17 @@ names and constants have been renamed before. It must never import `pynvml`
 
 # value -> (name, slows the clock down below what the work asks for)
 CLOCK_EVENT_REASONS = {
-    0x1: ("idle", False),                  # nothing running: clocks parked
-    0x2: ("applications_clocks", False),   # clocks capped by application-clocks setting
-    0x4: ("sw_power_cap", True),           # software power cap (power limit)
-    0x8: ("hw_slowdown", True),            # hardware slowdown (thermal or power brake asserted)
-    0x10: ("sync_boost", True),            # held down to match a sync-boost group
-    0x20: ("sw_thermal", True),            # software thermal slowdown
-    0x40: ("hw_thermal", True),            # hardware thermal slowdown
-    0x80: ("power_brake", True),           # external power-brake signal
-    0x100: ("display_clock", False),       # display clock setting
-    0x200: ("board_limit", True),          # board limit (old name only)
-    0x400: ("reliability", True),          # reliability limit (old name only)
+    0x1: ("idle", False),  # nothing running: clocks parked
+    0x2: ("applications_clocks", False),  # clocks capped by application-clocks setting
+    0x4: ("sw_power_cap", True),  # software power cap (power limit)
+    0x8: ("hw_slowdown", True),  # hardware slowdown (thermal or power brake asserted)
+    0x10: ("sync_boost", True),  # held down to match a sync-boost group
+    0x20: ("sw_thermal", True),  # software thermal slowdown
+    0x40: ("hw_thermal", True),  # hardware thermal slowdown
+    0x80: ("power_brake", True),  # external power-brake signal
+    0x100: ("display_clock", False),  # display clock setting
+    0x200: ("board_limit", True),  # board limit (old name only)
+    0x400: ("reliability", True),  # reliability limit (old name only)
 }
 
 # Bits that mean "the clock is being held below demand" (everything but

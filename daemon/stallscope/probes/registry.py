@@ -9,9 +9,11 @@ log = logging.getLogger("stallscope.probes")
 # whose module cannot even be imported (no bcc, no pynvml) is simply skipped
 # with that reason.
 PROBES = {
-    "sched": ["stallscope.probes.sched_bcc:BccSchedProbe",
-              "stallscope.probes.sched_perf:PerfSchedProbe",
-              "stallscope.probes.sched_proc:ProcSchedProbe"],
+    "sched": [
+        "stallscope.probes.sched_bcc:BccSchedProbe",
+        "stallscope.probes.sched_perf:PerfSchedProbe",
+        "stallscope.probes.sched_proc:ProcSchedProbe",
+    ],
     "gpu": ["stallscope.probes.gpu_nvml:NvmlGpuProbe"],
 }
 

@@ -36,14 +36,23 @@ CNT_LOST_IN_PREEMPTED = 2
 CNT_LOST_IN_VOLUNTARY = 3
 
 # `struct record` in sched_bcc.c, preceded by the ring buffer's 8-byte header.
-RECORD_DTYPE = np.dtype([
-    ("hdr_len", "<u4"), ("hdr_pgoff", "<u4"),
-    ("a_ns", "<u8"), ("b_ns", "<u8"), ("c_ns", "<u8"),
-    ("pid", "<u4"), ("tid", "<u4"),
-    ("cpu_a", "<u2"), ("cpu_b", "<u2"),
-    ("kind", "u1"), ("preempted", "u1"), ("pad", "<u2"),
-])
-RECORD_LEN = RECORD_DTYPE.itemsize - 8          # what the program reserves
+RECORD_DTYPE = np.dtype(
+    [
+        ("hdr_len", "<u4"),
+        ("hdr_pgoff", "<u4"),
+        ("a_ns", "<u8"),
+        ("b_ns", "<u8"),
+        ("c_ns", "<u8"),
+        ("pid", "<u4"),
+        ("tid", "<u4"),
+        ("cpu_a", "<u2"),
+        ("cpu_b", "<u2"),
+        ("kind", "u1"),
+        ("preempted", "u1"),
+        ("pad", "<u2"),
+    ]
+)
+RECORD_LEN = RECORD_DTYPE.itemsize - 8  # what the program reserves
 RINGBUF_BUSY_BIT = 1 << 31
 RINGBUF_DISCARD_BIT = 1 << 30
 
@@ -79,23 +88,28 @@ class BccSchedProbe(Probe):
     @classmethod
     def unavailable(cls, settings=None):
         if not _has_bpf_privileges():
-            return ("needs root or CAP_BPF+CAP_PERFMON (plus CAP_DAC_READ_SEARCH "
-                    "for tracefs): run the daemon as root or grant them in its unit")
+            return (
+                "needs root or CAP_BPF+CAP_PERFMON (plus CAP_DAC_READ_SEARCH "
+                "for tracefs): run the daemon as root or grant them in its unit"
+            )
         try:
             import bcc  # noqa: F401
         except ImportError:
-            return ("bcc not installed: apt-get install python3-bpfcc, then "
-                    "scripts/bootstrap.sh links it into the venv")
+            return (
+                "bcc not installed: apt-get install python3-bpfcc, then "
+                "scripts/bootstrap.sh links it into the venv"
+            )
         if not os.path.exists(f"{TRACEFS}/events/sched/sched_switch/format"):
-            return (f"tracefs not mounted at {TRACEFS}: "
-                    f"mount -t tracefs tracefs {TRACEFS}")
+            return f"tracefs not mounted at {TRACEFS}: mount -t tracefs tracefs {TRACEFS}"
         if not os.path.exists(f"{TRACEFS}/events/task/task_newtask/format"):
             return "kernel lacks the task:task_newtask tracepoint (needs Linux >= 3.9)"
         release = os.uname().release
         if not os.path.exists(f"/lib/modules/{release}/build/include"):
-            return (f"kernel headers missing: apt-get install linux-headers-{release} "
-                    f"(or scripts/bootstrap.sh links the nearest headers as "
-                    f"/lib/modules/{release}/build)")
+            return (
+                f"kernel headers missing: apt-get install linux-headers-{release} "
+                f"(or scripts/bootstrap.sh links the nearest headers as "
+                f"/lib/modules/{release}/build)"
+            )
         return None
 
     def __init__(self, settings=None):
@@ -110,7 +124,7 @@ class BccSchedProbe(Probe):
         self.proc_root = self.settings.proc_root
         self._bpf = None
         self._sink = None
-        self._lock = threading.Lock()      # one drainer at a time
+        self._lock = threading.Lock()  # one drainer at a time
         self._stop = threading.Event()
         self._thread = None
         self._tracked = set()
@@ -123,8 +137,8 @@ class BccSchedProbe(Probe):
         self._started_ns = 0
         self._data = None
         self.verify_s = float(extra.get("sched_verify_ms", 1000)) / 1000.0
-        self._verify_base = {}     # (pid, tid) -> (proc_vol, proc_inv, bpf_vol, bpf_inv)
-        self._unseen = {}          # tid -> [vol, inv] switch-outs the kernel made, we did not see
+        self._verify_base = {}  # (pid, tid) -> (proc_vol, proc_inv, bpf_vol, bpf_inv)
+        self._unseen = {}  # tid -> [vol, inv] switch-outs the kernel made, we did not see
         self._last_verify = 0.0
 
     # -- lifecycle -------------------------------------------------------------
@@ -137,24 +151,32 @@ class BccSchedProbe(Probe):
         pages = self.ring_pages
         if pages & (pages - 1):
             raise ValueError(f"sched_ring_pages must be a power of two, not {pages}")
-        cflags = [f"-DMAX_TIDS={self.max_tids}", f"-DMAX_TGIDS={self.max_tgids}",
-                  f"-DRINGBUF_PAGES={pages}"]
+        cflags = [
+            f"-DMAX_TIDS={self.max_tids}",
+            f"-DMAX_TGIDS={self.max_tgids}",
+            f"-DRINGBUF_PAGES={pages}",
+        ]
         self._bpf = BPF(src_file=BPF_SOURCE.encode(), cflags=cflags)
         self._sink = sink
         self._map_ring(self._bpf[b"events"].map_fd, pages * PAGE_SIZE)
-        self._counter_map = mmap.mmap(self._bpf[b"counters"].map_fd, PAGE_SIZE,
-                                      mmap.MAP_SHARED, mmap.PROT_READ)
+        self._counter_map = mmap.mmap(
+            self._bpf[b"counters"].map_fd, PAGE_SIZE, mmap.MAP_SHARED, mmap.PROT_READ
+        )
         self._counter_view = np.frombuffer(self._counter_map, dtype=np.uint64, count=8)
         self._started_ns = time.monotonic_ns()
         self._lost_since_ns = self._started_ns
         for pid in list(self._tracked):
             self._load_tracked(pid)
         self._stop.clear()
-        self._thread = threading.Thread(target=self._reader, name="stallscope-sched-bcc",
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self._reader, name="stallscope-sched-bcc", daemon=True
+        )
         self._thread.start()
-        log.info("sched probe: bcc backend loaded (ring %d KiB, poll %.0f ms)",
-                 pages * PAGE_SIZE // 1024, self.poll_s * 1000)
+        log.info(
+            "sched probe: bcc backend loaded (ring %d KiB, poll %.0f ms)",
+            pages * PAGE_SIZE // 1024,
+            self.poll_s * 1000,
+        )
 
     def stop(self):
         if self._bpf is None:
@@ -179,6 +201,7 @@ class BccSchedProbe(Probe):
 
     def _load_tracked(self, pid):
         import ctypes as ct
+
         # Mark the tgid first: from then on task_newtask records new threads,
         # so the /proc scan below cannot miss one created in between.
         self._bpf[b"tracked"][ct.c_uint32(pid)] = ct.c_uint8(1)
@@ -193,6 +216,7 @@ class BccSchedProbe(Probe):
 
     def untrack(self, pid):
         import ctypes as ct
+
         pid = int(pid)
         self._tracked.discard(pid)
         with self._lock:
@@ -206,8 +230,9 @@ class BccSchedProbe(Probe):
             pass
         for name in ("tid_tgid", "state"):
             table = self._bpf[name.encode()]
-            stale = [k for k, v in table.items()
-                     if (v.value if name == "tid_tgid" else v.pid) == pid]
+            stale = [
+                k for k, v in table.items() if (v.value if name == "tid_tgid" else v.pid) == pid
+            ]
             for k in stale:
                 try:
                     del table[k]
@@ -223,10 +248,12 @@ class BccSchedProbe(Probe):
         # reads as one contiguous slice.
         self._data_size = data_size
         self._mask = data_size - 1
-        self._cons_map = mmap.mmap(fd, PAGE_SIZE, mmap.MAP_SHARED,
-                                   mmap.PROT_READ | mmap.PROT_WRITE, offset=0)
-        self._prod_map = mmap.mmap(fd, PAGE_SIZE + 2 * data_size, mmap.MAP_SHARED,
-                                   mmap.PROT_READ, offset=PAGE_SIZE)
+        self._cons_map = mmap.mmap(
+            fd, PAGE_SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE, offset=0
+        )
+        self._prod_map = mmap.mmap(
+            fd, PAGE_SIZE + 2 * data_size, mmap.MAP_SHARED, mmap.PROT_READ, offset=PAGE_SIZE
+        )
         self._data = np.frombuffer(self._prod_map, dtype=np.uint8)
 
     def _unmap_ring(self):
@@ -301,34 +328,56 @@ class BccSchedProbe(Probe):
         if len(sw):
             off = sw[sw["a_ns"] != 0]
             if len(off):
-                sink.append("offcpu", {
-                    "pid": off["pid"].astype(np.int32), "tid": off["tid"].astype(np.int32),
-                    "start_ns": off["a_ns"].astype(np.int64),
-                    "end_ns": off["c_ns"].astype(np.int64),
-                    "preempted": off["preempted"].astype(bool),
-                    "cpu": off["cpu_a"].astype(np.int16)})
+                sink.append(
+                    "offcpu",
+                    {
+                        "pid": off["pid"].astype(np.int32),
+                        "tid": off["tid"].astype(np.int32),
+                        "start_ns": off["a_ns"].astype(np.int64),
+                        "end_ns": off["c_ns"].astype(np.int64),
+                        "preempted": off["preempted"].astype(bool),
+                        "cpu": off["cpu_a"].astype(np.int16),
+                    },
+                )
                 self._rows["offcpu"] += len(off)
             rq = sw[sw["b_ns"] != 0]
             if len(rq):
-                sink.append("runq", {
-                    "pid": rq["pid"].astype(np.int32), "tid": rq["tid"].astype(np.int32),
-                    "start_ns": rq["b_ns"].astype(np.int64),
-                    "end_ns": rq["c_ns"].astype(np.int64),
-                    "cpu": rq["cpu_b"].astype(np.int16)})
+                sink.append(
+                    "runq",
+                    {
+                        "pid": rq["pid"].astype(np.int32),
+                        "tid": rq["tid"].astype(np.int32),
+                        "start_ns": rq["b_ns"].astype(np.int64),
+                        "end_ns": rq["c_ns"].astype(np.int64),
+                        "cpu": rq["cpu_b"].astype(np.int16),
+                    },
+                )
                 self._rows["runq"] += len(rq)
         mig = recs[recs["kind"] == KIND_MIGRATE]
         if len(mig):
-            sink.append("migrations", {
-                "pid": mig["pid"].astype(np.int32), "tid": mig["tid"].astype(np.int32),
-                "ts_ns": mig["a_ns"].astype(np.int64),
-                "from_cpu": mig["cpu_a"].astype(np.int16),
-                "to_cpu": mig["cpu_b"].astype(np.int16)})
+            sink.append(
+                "migrations",
+                {
+                    "pid": mig["pid"].astype(np.int32),
+                    "tid": mig["tid"].astype(np.int32),
+                    "ts_ns": mig["a_ns"].astype(np.int64),
+                    "from_cpu": mig["cpu_a"].astype(np.int16),
+                    "to_cpu": mig["cpu_b"].astype(np.int16),
+                },
+            )
             self._rows["migrations"] += len(mig)
 
     def _counters(self):
         c = self._counter_view
-        return [int(c[i]) for i in (CNT_RESERVE_FAILED, CNT_STATE_FULL,
-                                    CNT_LOST_IN_PREEMPTED, CNT_LOST_IN_VOLUNTARY)]
+        return [
+            int(c[i])
+            for i in (
+                CNT_RESERVE_FAILED,
+                CNT_STATE_FULL,
+                CNT_LOST_IN_PREEMPTED,
+                CNT_LOST_IN_VOLUNTARY,
+            )
+        ]
 
     def program_stats(self):
         """Per program: run_cnt, run_time_ns (both 0 unless sysctl
@@ -355,13 +404,15 @@ class BccSchedProbe(Probe):
         now = time.monotonic_ns()
         counts = self._counters()
         counts.append(sum(s.get("recursion_misses", 0) for s in self.program_stats().values()))
-        reasons = ("ring buffer full: records dropped in the kernel "
-                   "(raise sched_ring_pages or lower sched_poll_ms)",
-                   "per-thread state map full: intervals lost (raise sched_max_tids)",
-                   "switch-in not reported by the kernel: one preempted off-CPU interval lost",
-                   "switch-in not reported by the kernel: one blocked off-CPU interval lost",
-                   "tracepoint runs skipped by the kernel while another BPF program "
-                   "ran on the CPU: events of unknown kind lost")
+        reasons = (
+            "ring buffer full: records dropped in the kernel "
+            "(raise sched_ring_pages or lower sched_poll_ms)",
+            "per-thread state map full: intervals lost (raise sched_max_tids)",
+            "switch-in not reported by the kernel: one preempted off-CPU interval lost",
+            "switch-in not reported by the kernel: one blocked off-CPU interval lost",
+            "tracepoint runs skipped by the kernel while another BPF program "
+            "ran on the CPU: events of unknown kind lost",
+        )
         for i, reason in enumerate(reasons):
             delta = counts[i] - self._lost_seen[i]
             if delta > 0:
@@ -382,6 +433,7 @@ class BccSchedProbe(Probe):
 
     def _verify(self):
         import ctypes as ct
+
         self._last_verify = time.monotonic()
         if self._bpf is None:
             return 0
@@ -405,7 +457,7 @@ class BccSchedProbe(Probe):
                 except (KeyError, OSError):
                     continue
                 if (a.n_vol, a.n_inv) != (b.n_vol, b.n_inv):
-                    continue              # it switched meanwhile: next pass
+                    continue  # it switched meanwhile: next pass
                 vol = int(text.split(b"\nvoluntary_ctxt_switches:")[1].split()[0])
                 inv = int(text.split(b"nonvoluntary_ctxt_switches:")[1].split()[0])
                 base = self._verify_base.get((pid, tid))
@@ -418,21 +470,26 @@ class BccSchedProbe(Probe):
                     if miss > 0:
                         self._unseen.setdefault(tid, [0, 0])[i] += miss
                         found += miss
-                        self._sink.loss("sched", now, now, int(miss),
-                                        f"{kind} switch-outs of tid {tid} the kernel made but "
-                                        f"the tracepoint did not report (dropped by the kernel)")
+                        self._sink.loss(
+                            "sched",
+                            now,
+                            now,
+                            int(miss),
+                            f"{kind} switch-outs of tid {tid} the kernel made but "
+                            f"the tracepoint did not report (dropped by the kernel)",
+                        )
         return found
 
     def status(self):
         return {
             "backend": self.backend,
-            "resolution_ns": 0,            # event-exact
+            "resolution_ns": 0,  # event-exact
             "tracked": sorted(self._tracked),
             "records": self._records,
             "rows": dict(self._rows),
             "lost_reserve": self._lost_seen[0],
             "lost_state_full": self._lost_seen[1],
-            "lost_switch_in": (self._lost_seen[2], self._lost_seen[3]),   # preempted, voluntary
+            "lost_switch_in": (self._lost_seen[2], self._lost_seen[3]),  # preempted, voluntary
             "lost_recursion": self._lost_seen[4],
             "reader_cpu_ns": self._reader_cpu_ns,
             "drains": self._drains,

@@ -55,22 +55,35 @@ PERF_RECORD_MISC_SWITCH_OUT_PREEMPT = 1 << 14
 PERF_EVENT_IOC_SET_OUTPUT = 0x2405
 PERF_EVENT_IOC_SET_FILTER = 0x40082406
 
-RING_DATA_PAGES = 256          # per CPU, a power of two: 1 MiB
-HOLDBACK_NS = 2_000_000        # records newer than this may still be in flight on another CPU
+RING_DATA_PAGES = 256  # per CPU, a power of two: 1 MiB
+HOLDBACK_NS = 2_000_000  # records newer than this may still be in flight on another CPU
 
 
 class PerfEventAttr(ct.Structure):
-    _fields_ = [("type", ct.c_uint32), ("size", ct.c_uint32), ("config", ct.c_uint64),
-                ("sample_period", ct.c_uint64), ("sample_type", ct.c_uint64),
-                ("read_format", ct.c_uint64), ("flags", ct.c_uint64),
-                ("wakeup_events", ct.c_uint32), ("bp_type", ct.c_uint32),
-                ("config1", ct.c_uint64), ("config2", ct.c_uint64),
-                ("branch_sample_type", ct.c_uint64), ("sample_regs_user", ct.c_uint64),
-                ("sample_stack_user", ct.c_uint32), ("clockid", ct.c_int32),
-                ("sample_regs_intr", ct.c_uint64), ("aux_watermark", ct.c_uint32),
-                ("sample_max_stack", ct.c_uint16), ("reserved_2", ct.c_uint16),
-                ("aux_sample_size", ct.c_uint32), ("reserved_3", ct.c_uint32),
-                ("sig_data", ct.c_uint64)]
+    _fields_ = [
+        ("type", ct.c_uint32),
+        ("size", ct.c_uint32),
+        ("config", ct.c_uint64),
+        ("sample_period", ct.c_uint64),
+        ("sample_type", ct.c_uint64),
+        ("read_format", ct.c_uint64),
+        ("flags", ct.c_uint64),
+        ("wakeup_events", ct.c_uint32),
+        ("bp_type", ct.c_uint32),
+        ("config1", ct.c_uint64),
+        ("config2", ct.c_uint64),
+        ("branch_sample_type", ct.c_uint64),
+        ("sample_regs_user", ct.c_uint64),
+        ("sample_stack_user", ct.c_uint32),
+        ("clockid", ct.c_int32),
+        ("sample_regs_intr", ct.c_uint64),
+        ("aux_watermark", ct.c_uint32),
+        ("sample_max_stack", ct.c_uint16),
+        ("reserved_2", ct.c_uint16),
+        ("aux_sample_size", ct.c_uint32),
+        ("reserved_3", ct.c_uint32),
+        ("sig_data", ct.c_uint64),
+    ]
 
 
 _libc = ct.CDLL(None, use_errno=True)
@@ -149,8 +162,9 @@ class _Ring:
         self.fd = fd
         self.page = mmap.PAGESIZE
         self.size = data_pages * self.page
-        self.map = mmap.mmap(fd, self.page + self.size, mmap.MAP_SHARED,
-                             mmap.PROT_READ | mmap.PROT_WRITE)
+        self.map = mmap.mmap(
+            fd, self.page + self.size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE
+        )
 
     def read(self):
         """All bytes between data_tail and data_head; advances data_tail."""
@@ -165,7 +179,7 @@ class _Ring:
             data = bytes(self.map[start:end])
         else:
             first = self.page + self.size - start
-            data = bytes(self.map[start:]) + bytes(self.map[self.page:self.page + n - first])
+            data = bytes(self.map[start:]) + bytes(self.map[self.page : self.page + n - first])
         struct.pack_into("<Q", self.map, 1032, head)
         return data
 
@@ -183,23 +197,26 @@ class PerfSchedProbe(Probe):
     @classmethod
     def unavailable(cls, settings=None):
         if not os.path.exists(f"{TRACEFS}/events/sched/sched_wakeup/id"):
-            return (f"tracefs not mounted at {TRACEFS}: "
-                    f"mount -t tracefs tracefs {TRACEFS}")
+            return f"tracefs not mounted at {TRACEFS}: mount -t tracefs tracefs {TRACEFS}"
         attr = PerfEventAttr(type=PERF_TYPE_SOFTWARE, config=PERF_COUNT_SW_DUMMY)
         try:
             os.close(perf_event_open(attr, -1, 0))
         except OSError as exc:
             if exc.errno in (errno.EACCES, errno.EPERM):
-                return ("needs root or CAP_PERFMON (CPU-wide perf events; or "
-                        "sysctl kernel.perf_event_paranoid=-1)")
+                return (
+                    "needs root or CAP_PERFMON (CPU-wide perf events; or "
+                    "sysctl kernel.perf_event_paranoid=-1)"
+                )
             if exc.errno == errno.ENOSYS:
                 return "kernel built without perf events (CONFIG_PERF_EVENTS)"
             return f"perf_event_open failed: {exc.strerror}"
         if not _tracepoints_deliver():
-            return ("perf gets no sched tracepoint events: a BPF program that "
-                    "returns 0 is attached to them (e.g. a bcc tool or another "
-                    "stallscope daemon running the bcc backend), which suppresses "
-                    "perf's copies; stop it, or use the bcc backend")
+            return (
+                "perf gets no sched tracepoint events: a BPF program that "
+                "returns 0 is attached to them (e.g. a bcc tool or another "
+                "stallscope daemon running the bcc backend), which suppresses "
+                "perf's copies; stop it, or use the bcc backend"
+            )
         return None
 
     def __init__(self, settings=None):
@@ -213,12 +230,12 @@ class PerfSchedProbe(Probe):
         self._stop = threading.Event()
         self._thread = None
         self._sink = None
-        self._rings = {}            # cpu -> _Ring
-        self._tp = {}               # name -> (id, fields, {cpu: fd})
-        self._tracked = {}          # pid -> {tid: [switch fds..., migration counter fd]}
+        self._rings = {}  # cpu -> _Ring
+        self._tp = {}  # name -> (id, fields, {cpu: fd})
+        self._tracked = {}  # pid -> {tid: [switch fds..., migration counter fd]}
         self._tid_pid = {}
-        self._state = {}            # tid -> [out_ns, out_cpu, preempted, runnable_ns]
-        self._held = []             # records newer than the holdback cutoff
+        self._state = {}  # tid -> [out_ns, out_cpu, preempted, runnable_ns]
+        self._held = []  # records newer than the holdback cutoff
         self._lost = 0
         self._records = 0
         self._rows = {"offcpu": 0, "runq": 0, "migrations": 0}
@@ -233,10 +250,16 @@ class PerfSchedProbe(Probe):
         for cpu in self.cpus:
             # A CPU-wide dummy that records nothing owns the CPU's ring; the
             # kernel refuses SET_OUTPUT between events on different clocks.
-            owner = perf_event_open(PerfEventAttr(type=PERF_TYPE_SOFTWARE,
-                                                  config=PERF_COUNT_SW_DUMMY,
-                                                  flags=USE_CLOCKID,
-                                                  clockid=CLOCK_MONOTONIC), -1, cpu)
+            owner = perf_event_open(
+                PerfEventAttr(
+                    type=PERF_TYPE_SOFTWARE,
+                    config=PERF_COUNT_SW_DUMMY,
+                    flags=USE_CLOCKID,
+                    clockid=CLOCK_MONOTONIC,
+                ),
+                -1,
+                cpu,
+            )
             self._rings[cpu] = _Ring(owner, RING_DATA_PAGES)
         for name in ("sched_wakeup", "sched_wakeup_new", "sched_migrate_task"):
             tp_id, fields = _tracepoint(name)
@@ -245,8 +268,9 @@ class PerfSchedProbe(Probe):
             self._scan(pid)
         self._update_filters()
         self._stop.clear()
-        self._thread = threading.Thread(target=self._reader, name="stallscope-sched-perf",
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self._reader, name="stallscope-sched-perf", daemon=True
+        )
         self._thread.start()
         log.info("sched probe: perf_event_open backend on %d CPUs", len(self.cpus))
 
@@ -309,21 +333,28 @@ class PerfSchedProbe(Probe):
             fds = []
             try:
                 for cpu in self.cpus:
-                    attr = PerfEventAttr(type=PERF_TYPE_SOFTWARE, config=PERF_COUNT_SW_DUMMY,
-                                         sample_type=PERF_SAMPLE_TID | PERF_SAMPLE_TIME | PERF_SAMPLE_CPU,
-                                         flags=SAMPLE_ID_ALL | USE_CLOCKID | CONTEXT_SWITCH,
-                                         clockid=CLOCK_MONOTONIC)
+                    attr = PerfEventAttr(
+                        type=PERF_TYPE_SOFTWARE,
+                        config=PERF_COUNT_SW_DUMMY,
+                        sample_type=PERF_SAMPLE_TID | PERF_SAMPLE_TIME | PERF_SAMPLE_CPU,
+                        flags=SAMPLE_ID_ALL | USE_CLOCKID | CONTEXT_SWITCH,
+                        clockid=CLOCK_MONOTONIC,
+                    )
                     fd = perf_event_open(attr, tid, cpu)
                     fds.append(fd)
                     _ioctl(fd, PERF_EVENT_IOC_SET_OUTPUT, self._rings[cpu].fd)
                 # exact per-thread total, for status() and cross-checks
-                fds.append(perf_event_open(PerfEventAttr(type=PERF_TYPE_SOFTWARE,
-                                                         config=PERF_COUNT_SW_CPU_MIGRATIONS),
-                                           tid, -1))
+                fds.append(
+                    perf_event_open(
+                        PerfEventAttr(type=PERF_TYPE_SOFTWARE, config=PERF_COUNT_SW_CPU_MIGRATIONS),
+                        tid,
+                        -1,
+                    )
+                )
             except OSError as exc:
                 for fd in fds:
                     os.close(fd)
-                if exc.errno != errno.ESRCH:      # ESRCH: it exited meanwhile
+                if exc.errno != errno.ESRCH:  # ESRCH: it exited meanwhile
                     log.warning("sched probe: cannot follow thread %d: %s", tid, exc.strerror)
                 continue
             threads[tid] = fds
@@ -345,9 +376,14 @@ class PerfSchedProbe(Probe):
             new = {}
             try:
                 for cpu in self.cpus:
-                    attr = PerfEventAttr(type=PERF_TYPE_TRACEPOINT, config=tp_id, sample_period=1,
-                                         sample_type=PERF_SAMPLE_TIME | PERF_SAMPLE_CPU | PERF_SAMPLE_RAW,
-                                         flags=USE_CLOCKID, clockid=CLOCK_MONOTONIC)
+                    attr = PerfEventAttr(
+                        type=PERF_TYPE_TRACEPOINT,
+                        config=tp_id,
+                        sample_period=1,
+                        sample_type=PERF_SAMPLE_TIME | PERF_SAMPLE_CPU | PERF_SAMPLE_RAW,
+                        flags=USE_CLOCKID,
+                        clockid=CLOCK_MONOTONIC,
+                    )
                     fd = perf_event_open(attr, -1, cpu)
                     new[cpu] = fd
                     _ioctl(fd, PERF_EVENT_IOC_SET_FILTER, ct.c_char_p(expr))
@@ -414,8 +450,9 @@ class PerfSchedProbe(Probe):
             if rtype == PERF_RECORD_SWITCH:
                 _pid, tid, ts, cpu = struct.unpack_from("<IIQI", data, off + 8)
                 if misc & PERF_RECORD_MISC_SWITCH_OUT:
-                    out.append((ts, "out", tid, cpu,
-                                bool(misc & PERF_RECORD_MISC_SWITCH_OUT_PREEMPT), 0))
+                    out.append(
+                        (ts, "out", tid, cpu, bool(misc & PERF_RECORD_MISC_SWITCH_OUT_PREEMPT), 0)
+                    )
                 else:
                     out.append((ts, "in", tid, cpu, 0, 0))
             elif rtype == PERF_RECORD_SAMPLE:
@@ -423,14 +460,14 @@ class PerfSchedProbe(Probe):
                 raw = off + 8 + 20
                 common_type = struct.unpack_from("<H", data, raw)[0]
                 if common_type == mig_id:
-                    tid, = struct.unpack_from("<i", data, raw + mig_fields["pid"][0])
-                    src, = struct.unpack_from("<i", data, raw + mig_fields["orig_cpu"][0])
-                    dst, = struct.unpack_from("<i", data, raw + mig_fields["dest_cpu"][0])
+                    (tid,) = struct.unpack_from("<i", data, raw + mig_fields["pid"][0])
+                    (src,) = struct.unpack_from("<i", data, raw + mig_fields["orig_cpu"][0])
+                    (dst,) = struct.unpack_from("<i", data, raw + mig_fields["dest_cpu"][0])
                     if src != dst:
                         out.append((ts, "mig", tid, cpu, src, dst))
                 elif common_type in wake_ids:
                     poff = wnew_pid_off if common_type == wnew_id else wake_pid_off
-                    tid, = struct.unpack_from("<i", data, raw + poff)
+                    (tid,) = struct.unpack_from("<i", data, raw + poff)
                     out.append((ts, "wake", tid, cpu, 0, 0))
             elif rtype == PERF_RECORD_LOST:
                 self._lost += struct.unpack_from("<Q", data, off + 16)[0]
@@ -438,13 +475,15 @@ class PerfSchedProbe(Probe):
         return out
 
     def _pair(self, recs):
-        cols = {"offcpu": {k: [] for k in ("pid", "tid", "start_ns", "end_ns", "preempted", "cpu")},
-                "runq": {k: [] for k in ("pid", "tid", "start_ns", "end_ns", "cpu")},
-                "migrations": {k: [] for k in ("pid", "tid", "ts_ns", "from_cpu", "to_cpu")}}
+        cols = {
+            "offcpu": {k: [] for k in ("pid", "tid", "start_ns", "end_ns", "preempted", "cpu")},
+            "runq": {k: [] for k in ("pid", "tid", "start_ns", "end_ns", "cpu")},
+            "migrations": {k: [] for k in ("pid", "tid", "ts_ns", "from_cpu", "to_cpu")},
+        }
         state = self._state
         prev = None
         for rec in recs:
-            if rec == prev:       # seen by both the old and new tracepoint events
+            if rec == prev:  # seen by both the old and new tracepoint events
                 continue
             prev = rec
             ts, kind, tid, cpu, a, b = rec
@@ -456,23 +495,33 @@ class PerfSchedProbe(Probe):
                 st = state[tid] = [0, 0, False, 0]
             if kind == "out":
                 st[0], st[1], st[2] = ts, cpu, a
-                st[3] = ts if a else 0           # preempted: runnable from now
+                st[3] = ts if a else 0  # preempted: runnable from now
             elif kind == "wake":
                 st[3] = ts
             elif kind == "in":
                 if st[0]:
                     c = cols["offcpu"]
-                    c["pid"].append(pid); c["tid"].append(tid); c["start_ns"].append(st[0])
-                    c["end_ns"].append(ts); c["preempted"].append(st[2]); c["cpu"].append(st[1])
+                    c["pid"].append(pid)
+                    c["tid"].append(tid)
+                    c["start_ns"].append(st[0])
+                    c["end_ns"].append(ts)
+                    c["preempted"].append(st[2])
+                    c["cpu"].append(st[1])
                 if st[3]:
                     c = cols["runq"]
-                    c["pid"].append(pid); c["tid"].append(tid); c["start_ns"].append(st[3])
-                    c["end_ns"].append(ts); c["cpu"].append(cpu)
+                    c["pid"].append(pid)
+                    c["tid"].append(tid)
+                    c["start_ns"].append(st[3])
+                    c["end_ns"].append(ts)
+                    c["cpu"].append(cpu)
                 st[0] = st[3] = 0
             elif kind == "mig":
                 c = cols["migrations"]
-                c["pid"].append(pid); c["tid"].append(tid); c["ts_ns"].append(ts)
-                c["from_cpu"].append(a); c["to_cpu"].append(b)
+                c["pid"].append(pid)
+                c["tid"].append(tid)
+                c["ts_ns"].append(ts)
+                c["from_cpu"].append(a)
+                c["to_cpu"].append(b)
         rows = 0
         for table, c in cols.items():
             if c["tid"]:
@@ -484,8 +533,13 @@ class PerfSchedProbe(Probe):
     def _check_losses(self):
         if self._lost:
             now = time.monotonic_ns()
-            self._sink.loss("sched", self._lost_since_ns, now, int(self._lost),
-                            "perf ring full: records dropped in the kernel (lower sched_poll_ms)")
+            self._sink.loss(
+                "sched",
+                self._lost_since_ns,
+                now,
+                int(self._lost),
+                "perf ring full: records dropped in the kernel (lower sched_poll_ms)",
+            )
             self._lost = 0
             self._lost_since_ns = now
 
@@ -501,7 +555,7 @@ class PerfSchedProbe(Probe):
     def status(self):
         return {
             "backend": self.backend,
-            "resolution_ns": 0,            # event-exact
+            "resolution_ns": 0,  # event-exact
             "tracked": sorted(self._tracked),
             "threads": len(self._tid_pid),
             "records": self._records,

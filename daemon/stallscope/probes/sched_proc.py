@@ -46,7 +46,7 @@ def _parse(raw):
     nr_mig = 0
     at = sched.find(b"se.nr_migrations")
     if at >= 0:
-        nr_mig = int(sched[at:sched.index(b"\n", at)].split(b":")[1])
+        nr_mig = int(sched[at : sched.index(b"\n", at)].split(b":")[1])
     # field 39 (processor), counted after the ")" that ends comm
     cpu = int(stat.rsplit(b")", 1)[1].split()[36])
     return run_ns, wait_ns, slices, vol, invol, nr_mig, cpu
@@ -54,10 +54,19 @@ def _parse(raw):
 
 # Same column types as the exact backends' batches, so a store can merge
 # them; columns that may hold None stay lists (NULL in the table).
-_DTYPES = {"pid": np.int32, "tid": np.int32, "start_ns": np.int64, "end_ns": np.int64,
-           "ts_ns": np.int64, "cpu": np.int16, "resolution_ns": np.int64,
-           "events": np.int32, "preempted_events": np.int32, "offcpu_ns": np.int64,
-           "wait_ns": np.int64}
+_DTYPES = {
+    "pid": np.int32,
+    "tid": np.int32,
+    "start_ns": np.int64,
+    "end_ns": np.int64,
+    "ts_ns": np.int64,
+    "cpu": np.int16,
+    "resolution_ns": np.int64,
+    "events": np.int32,
+    "preempted_events": np.int32,
+    "offcpu_ns": np.int64,
+    "wait_ns": np.int64,
+}
 
 
 _NULLABLE = {"preempted": "bool_", "from_cpu": "int16", "to_cpu": "int16"}
@@ -92,11 +101,14 @@ class ProcSchedProbe(Probe):
 
     @classmethod
     def unavailable(cls, settings=None):
-        root = (settings.proc_root if settings else "/proc")
-        if not os.path.exists(f"{root}/self/task/{os.getpid()}/schedstat") and \
-                not os.path.exists(f"{root}/{os.getpid()}/task/{os.getpid()}/schedstat"):
-            return (f"no per-thread schedstat under {root}: the kernel needs "
-                    f"CONFIG_SCHEDSTATS / CONFIG_SCHED_INFO, or mount proc at {root}")
+        root = settings.proc_root if settings else "/proc"
+        if not os.path.exists(f"{root}/self/task/{os.getpid()}/schedstat") and not os.path.exists(
+            f"{root}/{os.getpid()}/task/{os.getpid()}/schedstat"
+        ):
+            return (
+                f"no per-thread schedstat under {root}: the kernel needs "
+                f"CONFIG_SCHEDSTATS / CONFIG_SCHED_INFO, or mount proc at {root}"
+            )
         return None
 
     def __init__(self, settings=None):
@@ -104,7 +116,7 @@ class ProcSchedProbe(Probe):
         self.proc_root = self.settings.proc_root
         self.poll_hz = float(self.settings.sched_poll_hz)
         self.period_ns = int(1e9 / self.poll_hz)
-        self._tracked = {}          # pid -> {tid: _Thread}
+        self._tracked = {}  # pid -> {tid: _Thread}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = None
@@ -116,11 +128,13 @@ class ProcSchedProbe(Probe):
     def start(self, sink):
         self._sink = sink
         self._stop.clear()
-        self._thread = threading.Thread(target=self._run, name="stallscope-sched-proc",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._run, name="stallscope-sched-proc", daemon=True)
         self._thread.start()
-        log.info("sched probe: /proc backend at %.0f Hz (resolution %.1f ms)",
-                 self.poll_hz, self.period_ns / 1e6)
+        log.info(
+            "sched probe: /proc backend at %.0f Hz (resolution %.1f ms)",
+            self.poll_hz,
+            self.period_ns / 1e6,
+        )
 
     def stop(self):
         if self._thread is not None:
@@ -198,7 +212,7 @@ class ProcSchedProbe(Probe):
                 log.exception("sched probe: /proc poll failed")
             self._poll_cpu_ns += time.thread_time_ns() - c0
             delay = (next_ns - time.monotonic_ns()) / 1e9
-            if delay < 0:              # fell behind: do not burst to catch up
+            if delay < 0:  # fell behind: do not burst to catch up
                 next_ns = time.monotonic_ns()
                 delay = 0
             self._stop.wait(delay)
@@ -221,7 +235,7 @@ class ProcSchedProbe(Probe):
                         now_ns = time.monotonic_ns()
                         cur = _parse(raw)
                     except (OSError, ValueError, IndexError):
-                        gone.append(tid)         # thread exited
+                        gone.append(tid)  # thread exited
                         continue
                     run0, wait0, sl0, vol0, inv0, mig0, cpu0 = t.last
                     run1, wait1, sl1, vol1, inv1, mig1, cpu1 = cur
@@ -229,21 +243,45 @@ class ProcSchedProbe(Probe):
                     window_ns = end_ns - start_ns
                     n_vol, n_inv = vol1 - vol0, inv1 - inv0
                     if n_vol or n_inv:
-                        add("offcpu", pid=pid, tid=tid, start_ns=start_ns, end_ns=end_ns,
-                            preempted=None, cpu=cpu0, resolution_ns=window_ns,
-                            events=n_vol + n_inv, preempted_events=n_inv,
-                            offcpu_ns=max(0, window_ns - (run1 - run0)))
+                        add(
+                            "offcpu",
+                            pid=pid,
+                            tid=tid,
+                            start_ns=start_ns,
+                            end_ns=end_ns,
+                            preempted=None,
+                            cpu=cpu0,
+                            resolution_ns=window_ns,
+                            events=n_vol + n_inv,
+                            preempted_events=n_inv,
+                            offcpu_ns=max(0, window_ns - (run1 - run0)),
+                        )
                     if wait1 != wait0:
-                        add("runq", pid=pid, tid=tid, start_ns=start_ns, end_ns=end_ns,
-                            cpu=cpu1, resolution_ns=window_ns, events=sl1 - sl0,
-                            wait_ns=wait1 - wait0)
+                        add(
+                            "runq",
+                            pid=pid,
+                            tid=tid,
+                            start_ns=start_ns,
+                            end_ns=end_ns,
+                            cpu=cpu1,
+                            resolution_ns=window_ns,
+                            events=sl1 - sl0,
+                            wait_ns=wait1 - wait0,
+                        )
                     if mig1 != mig0:
                         # Only the last CPU of each sample is known: the path in
                         # between is not, so from/to stay NULL when they agree.
                         same = cpu0 == cpu1
-                        add("migrations", pid=pid, tid=tid, ts_ns=end_ns,
-                            from_cpu=None if same else cpu0, to_cpu=None if same else cpu1,
-                            resolution_ns=window_ns, events=mig1 - mig0)
+                        add(
+                            "migrations",
+                            pid=pid,
+                            tid=tid,
+                            ts_ns=end_ns,
+                            from_cpu=None if same else cpu0,
+                            to_cpu=None if same else cpu1,
+                            resolution_ns=window_ns,
+                            events=mig1 - mig0,
+                        )
                     t.last, t.last_ns = cur, now_ns
                 for tid in gone:
                     self._close(threads.pop(tid))

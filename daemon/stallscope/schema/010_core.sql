@@ -83,3 +83,7 @@ CREATE TABLE IF NOT EXISTS probe_status (
     state   VARCHAR,    -- 'active', 'unavailable', 'failed', 'stopped'
     detail  VARCHAR     -- the reason and how to fix it, or settings in use
 );
+
+-- Span columns added after the first release (wire version 2).
+ALTER TABLE spans ADD COLUMN IF NOT EXISTS work BIGINT;    -- the user's work measure (attach(work=...)), NULL if none
+ALTER TABLE spans ADD COLUMN IF NOT EXISTS idle BOOLEAN;   -- marked idle (attach(idle=...)); batch 0 is idle too

@@ -76,8 +76,9 @@ def pick(fds, name, want_type=socket.SOCK_SEQPACKET):
         if len(fds[name]) != 1:
             raise ActivationError(f"{len(fds[name])} descriptors named {name!r}; expected one")
         return fds[name][0]
-    unnamed = [fd for key, group in fds.items() if key not in (PROBE_FD_NAME, API_FD_NAME)
-               for fd in group]
+    unnamed = [
+        fd for key, group in fds.items() if key not in (PROBE_FD_NAME, API_FD_NAME) for fd in group
+    ]
     matching = [fd for fd in unnamed if describe(fd)[1] == want_type]
     if len(matching) == 1:
         return matching[0]

@@ -40,11 +40,11 @@ class ConfigError(Exception):
 class Key:
     section: str
     name: str
-    kind: str            # "str", "float", "int", "bool", "ints", "choice"
+    kind: str  # "str", "float", "int", "bool", "ints", "choice"
     default: object
-    env: str | None      # STALLSCOPE_* variable, or None
-    flag: str | None     # argparse dest of the `stallscope daemon` flag, or None
-    live: bool = False   # applied on SIGHUP without a restart
+    env: str | None  # STALLSCOPE_* variable, or None
+    flag: str | None  # argparse dest of the `stallscope daemon` flag, or None
+    live: bool = False  # applied on SIGHUP without a restart
     choices: tuple = ()
     minimum: float | None = None
     doc: str = ""
@@ -55,43 +55,171 @@ class Key:
 
 
 KEYS = [
-    Key("daemon", "socket", "str", "/run/stallscope/probe.sock", "STALLSCOPE_SOCKET", "socket",
-        doc="probe socket path (ignored when systemd passes the socket)"),
-    Key("daemon", "db", "str", "/var/lib/stallscope/stallscope.duckdb", "STALLSCOPE_DB", "db",
-        doc="DuckDB database file"),
-    Key("daemon", "allow_uids", "ints", [], "STALLSCOPE_ALLOW_UIDS", "allow_uid",
-        doc="accept probe connections only from these uids; empty = any that can open "
-            "the socket"),
-    Key("daemon", "pids", "ints", [], "STALLSCOPE_PIDS", "pid",
-        doc="also trace these processes (no probe client needed)"),
-    Key("probes", "sched_backend", "choice", "auto", "STALLSCOPE_SCHED_BACKEND", "sched_backend",
+    Key(
+        "daemon",
+        "socket",
+        "str",
+        "/run/stallscope/probe.sock",
+        "STALLSCOPE_SOCKET",
+        "socket",
+        doc="probe socket path (ignored when systemd passes the socket)",
+    ),
+    Key(
+        "daemon",
+        "db",
+        "str",
+        "/var/lib/stallscope/stallscope.duckdb",
+        "STALLSCOPE_DB",
+        "db",
+        doc="DuckDB database file",
+    ),
+    Key(
+        "daemon",
+        "allow_uids",
+        "ints",
+        [],
+        "STALLSCOPE_ALLOW_UIDS",
+        "allow_uid",
+        doc="accept probe connections only from these uids; empty = any that can open the socket",
+    ),
+    Key(
+        "daemon",
+        "pids",
+        "ints",
+        [],
+        "STALLSCOPE_PIDS",
+        "pid",
+        doc="also trace these processes (no probe client needed)",
+    ),
+    Key(
+        "probes",
+        "sched_backend",
+        "choice",
+        "auto",
+        "STALLSCOPE_SCHED_BACKEND",
+        "sched_backend",
         choices=("auto", "bcc", "perf", "proc", "none"),
-        doc="scheduling probe backend; auto = best available"),
-    Key("probes", "gpu_backend", "choice", "auto", "STALLSCOPE_GPU_BACKEND", "gpu_backend",
-        choices=("auto", "nvml", "none"), doc="GPU probe; auto = on when a GPU exists"),
-    Key("probes", "sched_poll_hz", "float", 100.0, "STALLSCOPE_SCHED_POLL_HZ", "proc_poll_hz",
-        live=True, minimum=0.1, doc="/proc scheduling backend sampling rate, Hz"),
-    Key("probes", "gpu_poll_hz", "float", 10.0, "STALLSCOPE_GPU_POLL_HZ", "gpu_poll_hz",
-        live=True, minimum=0.1, doc="NVML polling rate, Hz"),
-    Key("probes", "gpus", "ints", [], "STALLSCOPE_GPUS", "gpus",
-        doc="NVML device indices to sample; empty = all"),
-    Key("retention", "max_db_mb", "float", 10240.0, "STALLSCOPE_MAX_DB_MB", "max_db_mb",
-        live=True, minimum=0, doc="keep the database's used size under this many MiB; 0 = no limit"),
-    Key("retention", "max_age_days", "float", 30.0, "STALLSCOPE_MAX_AGE_DAYS", "max_age_days",
-        live=True, minimum=0, doc="delete runs older than this many days; 0 = no limit"),
-    Key("retention", "check_interval_s", "float", 300.0, "STALLSCOPE_RETENTION_INTERVAL_S",
-        "retention_interval_s", live=True, minimum=1,
-        doc="how often the limits are checked, seconds"),
-    Key("api", "socket", "str", "", "STALLSCOPE_API_SOCKET", "api_socket",
-        doc="gRPC API Unix socket; empty = no API"),
-    Key("api", "listen", "str", "", "STALLSCOPE_API_LISTEN", "grpc_listen",
-        doc="gRPC on TCP host:port as well; refused without tls_cert and tls_key"),
-    Key("api", "tls_cert", "str", "", "STALLSCOPE_API_TLS_CERT", "tls_cert",
-        doc="PEM certificate chain for the TCP listener"),
-    Key("api", "tls_key", "str", "", "STALLSCOPE_API_TLS_KEY", "tls_key",
-        doc="PEM private key for the TCP listener"),
-    Key("api", "tls_client_ca", "str", "", "STALLSCOPE_API_TLS_CLIENT_CA", "tls_client_ca",
-        doc="PEM CA bundle: when set, clients must present a certificate it signed"),
+        doc="scheduling probe backend; auto = best available",
+    ),
+    Key(
+        "probes",
+        "gpu_backend",
+        "choice",
+        "auto",
+        "STALLSCOPE_GPU_BACKEND",
+        "gpu_backend",
+        choices=("auto", "nvml", "none"),
+        doc="GPU probe; auto = on when a GPU exists",
+    ),
+    Key(
+        "probes",
+        "sched_poll_hz",
+        "float",
+        100.0,
+        "STALLSCOPE_SCHED_POLL_HZ",
+        "proc_poll_hz",
+        live=True,
+        minimum=0.1,
+        doc="/proc scheduling backend sampling rate, Hz",
+    ),
+    Key(
+        "probes",
+        "gpu_poll_hz",
+        "float",
+        10.0,
+        "STALLSCOPE_GPU_POLL_HZ",
+        "gpu_poll_hz",
+        live=True,
+        minimum=0.1,
+        doc="NVML polling rate, Hz",
+    ),
+    Key(
+        "probes",
+        "gpus",
+        "ints",
+        [],
+        "STALLSCOPE_GPUS",
+        "gpus",
+        doc="NVML device indices to sample; empty = all",
+    ),
+    Key(
+        "retention",
+        "max_db_mb",
+        "float",
+        10240.0,
+        "STALLSCOPE_MAX_DB_MB",
+        "max_db_mb",
+        live=True,
+        minimum=0,
+        doc="keep the database's used size under this many MiB; 0 = no limit",
+    ),
+    Key(
+        "retention",
+        "max_age_days",
+        "float",
+        30.0,
+        "STALLSCOPE_MAX_AGE_DAYS",
+        "max_age_days",
+        live=True,
+        minimum=0,
+        doc="delete runs older than this many days; 0 = no limit",
+    ),
+    Key(
+        "retention",
+        "check_interval_s",
+        "float",
+        300.0,
+        "STALLSCOPE_RETENTION_INTERVAL_S",
+        "retention_interval_s",
+        live=True,
+        minimum=1,
+        doc="how often the limits are checked, seconds",
+    ),
+    Key(
+        "api",
+        "socket",
+        "str",
+        "",
+        "STALLSCOPE_API_SOCKET",
+        "api_socket",
+        doc="gRPC API Unix socket; empty = no API",
+    ),
+    Key(
+        "api",
+        "listen",
+        "str",
+        "",
+        "STALLSCOPE_API_LISTEN",
+        "grpc_listen",
+        doc="gRPC on TCP host:port as well; refused without tls_cert and tls_key",
+    ),
+    Key(
+        "api",
+        "tls_cert",
+        "str",
+        "",
+        "STALLSCOPE_API_TLS_CERT",
+        "tls_cert",
+        doc="PEM certificate chain for the TCP listener",
+    ),
+    Key(
+        "api",
+        "tls_key",
+        "str",
+        "",
+        "STALLSCOPE_API_TLS_KEY",
+        "tls_key",
+        doc="PEM private key for the TCP listener",
+    ),
+    Key(
+        "api",
+        "tls_client_ca",
+        "str",
+        "",
+        "STALLSCOPE_API_TLS_CLIENT_CA",
+        "tls_client_ca",
+        doc="PEM CA bundle: when set, clients must present a certificate it signed",
+    ),
 ]
 BY_DOTTED = {k.dotted: k for k in KEYS}
 SECTIONS = sorted({k.section for k in KEYS})
@@ -102,8 +230,8 @@ class Config(dict):
 
     def __init__(self, values, sources, path):
         super().__init__(values)
-        self.sources = sources      # "section.name" -> "flag" | "env" | "file" | "default"
-        self.path = path            # the file read, or None
+        self.sources = sources  # "section.name" -> "flag" | "env" | "file" | "default"
+        self.path = path  # the file read, or None
 
     def section(self, name):
         return {k.split(".", 1)[1]: v for k, v in self.items() if k.startswith(name + ".")}
@@ -111,15 +239,20 @@ class Config(dict):
     def api_options(self):
         """Keyword arguments for start_api_server beyond the socket (only those set)."""
         rename = {"tls_client_ca": "client_ca"}  # start_api_server's parameter name
-        return {rename.get(name, name): value for name, value in self.section("api").items()
-                if name != "socket" and value}
+        return {
+            rename.get(name, name): value
+            for name, value in self.section("api").items()
+            if name != "socket" and value
+        }
 
 
 # ----- parsing ---------------------------------------------------------------------
 def _convert(key, value, origin):
     """The value as key.kind, or ConfigError naming the key and the origin."""
+
     def bad(why):
         return ConfigError(f"{origin}: {key.dotted}: {why}")
+
     kind = key.kind
     if kind in ("str", "choice"):
         if not isinstance(value, str):
@@ -136,15 +269,22 @@ def _convert(key, value, origin):
         return value
     if kind == "ints":
         if not isinstance(value, list) or not all(
-                isinstance(v, int) and not isinstance(v, bool) for v in value):
+            isinstance(v, int) and not isinstance(v, bool) for v in value
+        ):
             raise bad(f"expected a list of integers, got {_tname(value)}")
         return list(value)
     raise AssertionError(kind)
 
 
 def _tname(value):
-    return {str: "a string", bool: "a boolean", int: "an integer", float: "a number",
-            list: "a list", dict: "a table"}.get(type(value), type(value).__name__)
+    return {
+        str: "a string",
+        bool: "a boolean",
+        int: "an integer",
+        float: "a number",
+        list: "a list",
+        dict: "a table",
+    }.get(type(value), type(value).__name__)
 
 
 def _from_env_text(key, text):
@@ -159,8 +299,9 @@ def _from_env_text(key, text):
         try:
             return [int(p) for p in re.split(r"[,\s]+", text.strip()) if p]
         except ValueError:
-            raise ConfigError(f"{origin}: {key.dotted}: {text!r} is not a comma-separated "
-                              "list of integers") from None
+            raise ConfigError(
+                f"{origin}: {key.dotted}: {text!r} is not a comma-separated list of integers"
+            ) from None
     return _convert(key, text, origin)
 
 
@@ -176,8 +317,11 @@ def _locate(text, section, name=None):
             if name is None and current == section:
                 return lineno
             continue
-        if name is not None and current == section and \
-                re.match(rf"^{re.escape(name)}\s*=", stripped):
+        if (
+            name is not None
+            and current == section
+            and re.match(rf"^{re.escape(name)}\s*=", stripped)
+        ):
             return lineno
     return None
 
@@ -191,8 +335,10 @@ def read_file(path):
         raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
     text = raw.decode("utf-8", "replace")
     if _toml is None:
-        raise ConfigError(f"{path}: reading TOML needs Python 3.11+ or the `tomli` package "
-                          "(pip install tomli) on Python 3.10")
+        raise ConfigError(
+            f"{path}: reading TOML needs Python 3.11+ or the `tomli` package "
+            "(pip install tomli) on Python 3.10"
+        )
     try:
         data = _toml.loads(text)
     except _toml.TOMLDecodeError as exc:
@@ -202,19 +348,23 @@ def read_file(path):
     for section, table in data.items():
         if section not in SECTIONS:
             line = _locate(text, section)
-            raise ConfigError(f"{path}:{line or '?'}: unknown section [{section}] "
-                              f"(known: {', '.join(SECTIONS)})")
+            raise ConfigError(
+                f"{path}:{line or '?'}: unknown section [{section}] (known: {', '.join(SECTIONS)})"
+            )
         if not isinstance(table, dict):
-            raise ConfigError(f"{path}:{_locate_key_anywhere(text, section) or '?'}: "
-                              f"{section} must be a table ([{section}])")
+            raise ConfigError(
+                f"{path}:{_locate_key_anywhere(text, section) or '?'}: "
+                f"{section} must be a table ([{section}])"
+            )
         for name, value in table.items():
             key = BY_DOTTED.get(f"{section}.{name}")
             line = _locate(text, section, name)
             origin = f"{path}:{line or '?'}"
             if key is None:
                 known = ", ".join(k.name for k in KEYS if k.section == section)
-                raise ConfigError(f"{origin}: unknown key {section}.{name} "
-                                  f"(known in [{section}]: {known})")
+                raise ConfigError(
+                    f"{origin}: unknown key {section}.{name} (known in [{section}]: {known})"
+                )
             values[key.dotted] = _convert(key, value, origin)
     return values
 
@@ -244,7 +394,10 @@ def resolve(flags=None, config_file=None, environ=None):
     for key in KEYS:
         flag_value = flags.get(key.flag) if key.flag else None
         if flag_value not in (None, []):
-            value, source = _convert(key, flag_value, f"flag --{key.flag.replace('_', '-')}"), "flag"
+            value, source = (
+                _convert(key, flag_value, f"flag --{key.flag.replace('_', '-')}"),
+                "flag",
+            )
         elif key.env and env.get(key.env):
             value, source = _from_env_text(key, env[key.env]), "env"
         elif key.dotted in file_values:
@@ -259,9 +412,11 @@ def resolve(flags=None, config_file=None, environ=None):
 def _check_combinations(values, path):
     where = path or "configuration"
     if values["api.listen"] and not (values["api.tls_cert"] and values["api.tls_key"]):
-        raise ConfigError(f"{where}: refusing to serve the API on TCP {values['api.listen']} "
-                          "without TLS: set api.tls_cert and api.tls_key (--tls-cert, "
-                          "--tls-key), or use api.socket for a local Unix socket")
+        raise ConfigError(
+            f"{where}: refusing to serve the API on TCP {values['api.listen']} "
+            "without TLS: set api.tls_cert and api.tls_key (--tls-cert, "
+            "--tls-key), or use api.socket for a local Unix socket"
+        )
     if bool(values["api.tls_cert"]) != bool(values["api.tls_key"]):
         raise ConfigError(f"{where}: api.tls_cert and api.tls_key go together")
 
@@ -286,10 +441,13 @@ def diff(old, new):
 
 def render_default_file():
     """The documented default stallscope.toml, generated from KEYS."""
-    lines = ["# stallscope daemon configuration.",
-             "# Precedence: command-line flags > STALLSCOPE_* environment > this file > defaults.",
-             "# Keys marked (live) change on `systemctl reload stallscope` (SIGHUP); the others",
-             "# need a restart. Unknown keys are errors.", ""]
+    lines = [
+        "# stallscope daemon configuration.",
+        "# Precedence: command-line flags > STALLSCOPE_* environment > this file > defaults.",
+        "# Keys marked (live) change on `systemctl reload stallscope` (SIGHUP); the others",
+        "# need a restart. Unknown keys are errors.",
+        "",
+    ]
     for section in ("daemon", "probes", "retention", "api"):
         lines.append(f"[{section}]")
         for key in (k for k in KEYS if k.section == section):

@@ -25,15 +25,22 @@ from collections import Counter
 import numpy as np
 
 from probe_client import wire
-
 from stallscope.service.sockets import prepare_path
 
 log = logging.getLogger("stallscope.ingest")
 
-RECORD_DTYPE = np.dtype([
-    ("rtype", "u1"), ("flags", "u1"), ("kind_id", "<u2"), ("tid", "<u4"),
-    ("start_ns", "<u8"), ("end_ns", "<u8"), ("a", "<u4"), ("b", "<u4"),
-])
+RECORD_DTYPE = np.dtype(
+    [
+        ("rtype", "u1"),
+        ("flags", "u1"),
+        ("kind_id", "<u2"),
+        ("tid", "<u4"),
+        ("start_ns", "<u8"),
+        ("end_ns", "<u8"),
+        ("a", "<u4"),
+        ("b", "<u4"),
+    ]
+)
 assert RECORD_DTYPE.itemsize == wire.RECORD_SIZE
 
 _PEERCRED = struct.Struct("3i")
@@ -52,19 +59,32 @@ _TYPE_STRING = bytes([wire.REC_STRING])
 class RunState:
     """What the daemon knows about one probe run while it is connected."""
 
-    __slots__ = ("run_id", "token", "pid", "expected_seq", "names", "chunks",
-                 "first_seqs", "counts", "drops_full", "drops_disconnected",
-                 "records", "last_sent_ns", "connected", "unflushed")
+    __slots__ = (
+        "run_id",
+        "token",
+        "pid",
+        "expected_seq",
+        "names",
+        "chunks",
+        "first_seqs",
+        "counts",
+        "drops_full",
+        "drops_disconnected",
+        "records",
+        "last_sent_ns",
+        "connected",
+        "unflushed",
+    )
 
     def __init__(self, run_id, token, pid, expected_seq):
         self.run_id = run_id
         self.token = token
         self.pid = pid
         self.expected_seq = expected_seq
-        self.names = [None]          # string id -> name; id 0 = none
-        self.chunks = []             # raw record bytes waiting to be decoded
-        self.first_seqs = []         # first sequence number of each chunk
-        self.counts = []             # records in each chunk
+        self.names = [None]  # string id -> name; id 0 = none
+        self.chunks = []  # raw record bytes waiting to be decoded
+        self.first_seqs = []  # first sequence number of each chunk
+        self.counts = []  # records in each chunk
         self.drops_full = 0
         self.drops_disconnected = 0
         self.records = 0
@@ -88,8 +108,17 @@ class Connection:
 class Ingest:
     """The probe socket and everything that comes through it."""
 
-    def __init__(self, store, socket_path=None, listen_fd=None, host=None,
-                 allowed_uids=None, on_track=None, on_untrack=None, socket_group=None):
+    def __init__(
+        self,
+        store,
+        socket_path=None,
+        listen_fd=None,
+        host=None,
+        allowed_uids=None,
+        on_track=None,
+        on_untrack=None,
+        socket_group=None,
+    ):
         self.store = store
         self.socket_path = socket_path
         self.host = host or socket.gethostname()
@@ -97,12 +126,12 @@ class Ingest:
         self.on_track = on_track or (lambda pid: None)
         self.on_untrack = on_untrack or (lambda pid: None)
         self.selector = selectors.DefaultSelector()
-        self.conns = {}             # fd -> Connection
-        self.runs = {}              # run_id -> RunState (what decode_pending walks)
-        self.runs_by_token = {}     # (client token, kernel pid) -> RunState, for resuming
+        self.conns = {}  # fd -> Connection
+        self.runs = {}  # run_id -> RunState (what decode_pending walks)
+        self.runs_by_token = {}  # (client token, kernel pid) -> RunState, for resuming
         self.rejections = Counter()
-        self._pending_rejections = Counter()   # (run_id, pid, reason) -> n
-        self._losses = []           # (run_id, start_ns, end_ns, count, reason) to append
+        self._pending_rejections = Counter()  # (run_id, pid, reason) -> n
+        self._losses = []  # (run_id, start_ns, end_ns, count, reason) to append
         self.datagrams = 0
         self.records_received = 0
         self.lost_records = 0
@@ -127,8 +156,10 @@ class Ingest:
         if listen_fd is not None:
             sock = socket.socket(fileno=listen_fd)
             if sock.type != socket.SOCK_SEQPACKET:
-                raise SystemExit(f"error: inherited probe socket (fd {listen_fd}) is not "
-                                 "SOCK_SEQPACKET; use ListenSequentialPacket= in the unit")
+                raise SystemExit(
+                    f"error: inherited probe socket (fd {listen_fd}) is not "
+                    "SOCK_SEQPACKET; use ListenSequentialPacket= in the unit"
+                )
             sock.setblocking(False)
             return sock
         if not path:
@@ -171,7 +202,8 @@ class Ingest:
                 return
             sock.setblocking(False)
             pid, uid, gid = _PEERCRED.unpack(
-                sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
+                sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
+            )
             if self.allowed_uids is not None and uid not in self.allowed_uids:
                 log.warning("refused probe connection from pid %d: uid %d not allowed", pid, uid)
                 self._reject(None, pid, "uid_not_allowed")
@@ -217,8 +249,9 @@ class Ingest:
         run_id = run.run_id if run else None
         if len(data) < wire.HEADER_SIZE:
             return self._reject(run_id, conn.pid, "short_datagram")
-        (magic, version, kind, count, rsize, first_seq, sent_ns, drops_full,
-         drops_disc) = wire.HEADER.unpack_from(data)
+        (magic, version, kind, count, rsize, first_seq, sent_ns, drops_full, drops_disc) = (
+            wire.HEADER.unpack_from(data)
+        )
         sent_ns = min(sent_ns, _INT64_MAX)  # stored as BIGINT; a lie must not fail a flush
         if magic != wire.MAGIC:
             return self._reject(run_id, conn.pid, "bad_magic")
@@ -239,8 +272,9 @@ class Ingest:
                     # Records the client numbered but could not send after its
                     # last datagram (a full socket at close) are a loss too.
                     if first_seq > run.expected_seq:
-                        self._gap(run, first_seq - run.expected_seq, sent_ns, drops_full,
-                                  drops_disc)
+                        self._gap(
+                            run, first_seq - run.expected_seq, sent_ns, drops_full, drops_disc
+                        )
                         run.expected_seq = first_seq
             return None
         if kind != wire.DGRAM_RECORDS:
@@ -253,7 +287,7 @@ class Ingest:
             return self._reject(run_id, conn.pid, "length_mismatch")
         if count == 0:
             return None
-        types = data[wire.HEADER_SIZE::wire.RECORD_SIZE]
+        types = data[wire.HEADER_SIZE :: wire.RECORD_SIZE]
         n_strings = types.count(_TYPE_STRING)
         n_seq = count - n_strings
         if first_seq >= SEQ_LIMIT:
@@ -275,7 +309,7 @@ class Ingest:
                 n_unknown = n_seq - types.count(_TYPE_SPAN) - types.count(_TYPE_GC)
                 if n_unknown:
                     self._reject(run_id, conn.pid, "unknown_record_type", n_unknown)
-                run.chunks.append(data[wire.HEADER_SIZE:])
+                run.chunks.append(data[wire.HEADER_SIZE :])
                 run.first_seqs.append(first_seq)
                 run.counts.append(count)
                 run.expected_seq = first_seq + n_seq
@@ -316,7 +350,7 @@ class Ingest:
 
     def _hello(self, conn, data, first_seq, sent_ns):
         try:
-            info = json.loads(data[wire.HEADER_SIZE:].decode("utf-8"))
+            info = json.loads(data[wire.HEADER_SIZE :].decode("utf-8"))
             if not isinstance(info, dict):
                 raise ValueError("not an object")
             token = int(info.get("run_token", 0)) & 0xFFFFFFFFFFFFFFFF
@@ -336,30 +370,46 @@ class Ingest:
                 self._next_run_id += 1
                 self._insert_run(run, conn, info, now)
                 if first_seq > 0:  # records the client made before it could connect
-                    self._loss(run, first_seq, _int(info.get("monotonic_ns")) or sent_ns,
-                               sent_ns, "client_disconnected")
+                    self._loss(
+                        run,
+                        first_seq,
+                        _int(info.get("monotonic_ns")) or sent_ns,
+                        sent_ns,
+                        "client_disconnected",
+                    )
             else:
                 if first_seq > run.expected_seq:
                     # connected is None: the run comes from the database, so
                     # the gap is what the previous daemon had not committed
                     # plus what the client dropped while no daemon was there.
-                    reason = ("client_disconnected" if run.connected is False
-                              else "daemon_restart" if run.connected is None
-                              else "sequence_gap")
-                    self._loss(run, first_seq - run.expected_seq, run.last_sent_ns,
-                               sent_ns, reason)
+                    reason = (
+                        "client_disconnected"
+                        if run.connected is False
+                        else "daemon_restart"
+                        if run.connected is None
+                        else "sequence_gap"
+                    )
+                    self._loss(run, first_seq - run.expected_seq, run.last_sent_ns, sent_ns, reason)
                     run.expected_seq = first_seq
                 run.names = [None]  # the client re-sends every name on a new connection
-                self.store.sql("UPDATE runs SET connections = connections + 1, ended_ns = NULL "
-                               "WHERE run_id = ?", [run.run_id])
+                self.store.sql(
+                    "UPDATE runs SET connections = connections + 1, ended_ns = NULL "
+                    "WHERE run_id = ?",
+                    [run.run_id],
+                )
             run.connected = True
             run.last_sent_ns = sent_ns
             conn.run = run
             self.runs[run.run_id] = run
             if token:
                 self.runs_by_token[(token, conn.pid)] = run
-        log.info("run %d: pid %d uid %d connected (%s)", run.run_id, conn.pid, conn.uid,
-                 info.get("label") or "no label")
+        log.info(
+            "run %d: pid %d uid %d connected (%s)",
+            run.run_id,
+            conn.pid,
+            conn.uid,
+            info.get("label") or "no label",
+        )
         self.on_track(conn.pid)
         return None
 
@@ -370,9 +420,11 @@ class Ingest:
         try:
             cur = self.store.cursor()
             try:
-                row = cur.execute("SELECT run_id, last_seq FROM runs WHERE client_token = ? "
-                                  "AND pid = ? ORDER BY run_id DESC LIMIT 1",
-                                  [token, pid]).fetchone()
+                row = cur.execute(
+                    "SELECT run_id, last_seq FROM runs WHERE client_token = ? "
+                    "AND pid = ? ORDER BY run_id DESC LIMIT 1",
+                    [token, pid],
+                ).fetchone()
             finally:
                 cur.close()
         except Exception as exc:  # the store may be reopening after a disk error
@@ -387,6 +439,7 @@ class Ingest:
     def _insert_run(self, run, conn, info, now):
         def ints(v):
             return [_int(x, 32) for x in v[:16]] if isinstance(v, list) else None
+
         argv = info.get("argv")
         self.store.sql(
             "INSERT INTO runs (run_id, pid, uid, gid, claimed_pid, tid, label, host, "
@@ -394,22 +447,36 @@ class Ingest:
             "gc_count, freeze_count, gc_enabled, argv, client_token, connected_ns, last_seq, "
             "records, connections) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, "
             "?, ?, ?, ?, 0, 1)",
-            [run.run_id, conn.pid, conn.uid, conn.gid, _int(info.get("pid"), 32),
-             _int(info.get("tid")), str(info.get("label") or "")[:200], self.host,
-             _int(info.get("monotonic_ns")), _int(info.get("realtime_ns")),
-             str(info.get("python") or "")[:40], str(info.get("implementation") or "")[:40],
-             bool(info.get("free_threaded")), ints(info.get("gc_threshold")),
-             ints(info.get("gc_count")), _int(info.get("freeze_count")),
-             info.get("gc_enabled") if isinstance(info.get("gc_enabled"), bool) else None,
-             [str(a)[:500] for a in argv[:64]] if isinstance(argv, list) else None,
-             run.token, now, run.expected_seq - 1])
+            [
+                run.run_id,
+                conn.pid,
+                conn.uid,
+                conn.gid,
+                _int(info.get("pid"), 32),
+                _int(info.get("tid")),
+                str(info.get("label") or "")[:200],
+                self.host,
+                _int(info.get("monotonic_ns")),
+                _int(info.get("realtime_ns")),
+                str(info.get("python") or "")[:40],
+                str(info.get("implementation") or "")[:40],
+                bool(info.get("free_threaded")),
+                ints(info.get("gc_threshold")),
+                ints(info.get("gc_count")),
+                _int(info.get("freeze_count")),
+                info.get("gc_enabled") if isinstance(info.get("gc_enabled"), bool) else None,
+                [str(a)[:500] for a in argv[:64]] if isinstance(argv, list) else None,
+                run.token,
+                now,
+                run.expected_seq - 1,
+            ],
+        )
 
     def _reject(self, run_id, pid, reason, n=1):
         self.rejections[reason] += n
         self._pending_rejections[(run_id, pid, reason)] += n
         if self.rejections[reason] == n or self.rejections[reason] % 10000 == 0:
-            log.warning("rejected %s from pid %s (%d so far)", reason, pid,
-                        self.rejections[reason])
+            log.warning("rejected %s from pid %s (%d so far)", reason, pid, self.rejections[reason])
         return None
 
     def _close(self, conn):
@@ -424,8 +491,9 @@ class Ingest:
             return
         with self._lock:
             run.connected = False
-            self.store.sql("UPDATE runs SET ended_ns = ? WHERE run_id = ?",
-                           [time.monotonic_ns(), run.run_id])
+            self.store.sql(
+                "UPDATE runs SET ended_ns = ? WHERE run_id = ?", [time.monotonic_ns(), run.run_id]
+            )
         if not any(c.pid == conn.pid for c in self.conns.values()):
             self.on_untrack(conn.pid)
         log.info("run %d: pid %d disconnected", run.run_id, conn.pid)
@@ -443,12 +511,17 @@ class Ingest:
             losses, self._losses = self._losses, []
         if losses:
             cols = list(zip(*losses))
-            self.store.append("losses", {
-                "run_id": np.array(cols[0], dtype=np.int64),
-                "probe": ["client"] * len(losses),
-                "start_ns": np.array(cols[1], dtype=np.int64),
-                "end_ns": np.array(cols[2], dtype=np.int64),
-                "count": np.array(cols[3], dtype=np.int64), "reason": list(cols[4])})
+            self.store.append(
+                "losses",
+                {
+                    "run_id": np.array(cols[0], dtype=np.int64),
+                    "probe": ["client"] * len(losses),
+                    "start_ns": np.array(cols[1], dtype=np.int64),
+                    "end_ns": np.array(cols[2], dtype=np.int64),
+                    "count": np.array(cols[3], dtype=np.int64),
+                    "reason": list(cols[4]),
+                },
+            )
         for run, chunks, first_seqs, counts, names in work:
             self._decode_run(run, chunks, first_seqs, counts, names)
         with self._lock:
@@ -463,17 +536,26 @@ class Ingest:
         if updates:
             # One statement for every run (not one each: ~2.5 ms apiece).
             ids, last, recs = (list(c) for c in zip(*updates))
-            self.store.sql("UPDATE runs SET last_seq = u.last_seq, records = u.records "
-                           "FROM (SELECT unnest(?::BIGINT[]) AS run_id, "
-                           "unnest(?::BIGINT[]) AS last_seq, unnest(?::BIGINT[]) AS records) u "
-                           "WHERE runs.run_id = u.run_id", [ids, last, recs])
+            self.store.sql(
+                "UPDATE runs SET last_seq = u.last_seq, records = u.records "
+                "FROM (SELECT unnest(?::BIGINT[]) AS run_id, "
+                "unnest(?::BIGINT[]) AS last_seq, unnest(?::BIGINT[]) AS records) u "
+                "WHERE runs.run_id = u.run_id",
+                [ids, last, recs],
+            )
         if rejections:
             now = time.monotonic_ns()
             keys = list(rejections)
-            self.store.append("ingest_errors", {
-                "ts_ns": np.full(len(keys), now, dtype=np.int64),
-                "run_id": [k[0] for k in keys], "pid": [k[1] for k in keys],
-                "reason": [k[2] for k in keys], "count": [rejections[k] for k in keys]})
+            self.store.append(
+                "ingest_errors",
+                {
+                    "ts_ns": np.full(len(keys), now, dtype=np.int64),
+                    "run_id": [k[0] for k in keys],
+                    "pid": [k[1] for k in keys],
+                    "reason": [k[2] for k in keys],
+                    "count": [rejections[k] for k in keys],
+                },
+            )
 
     def _decode_run(self, run, chunks, first_seqs, counts, names):
         recs = np.frombuffer(b"".join(chunks), dtype=RECORD_DTYPE)
@@ -483,8 +565,11 @@ class Ingest:
         carries = (recs["rtype"] != wire.REC_STRING).astype(np.int64)
         running = np.cumsum(carries) - carries
         chunk_start = np.repeat(np.cumsum(counts) - counts, counts)
-        seq = np.repeat(np.asarray(first_seqs, dtype=np.int64), counts) \
-            + running - running[chunk_start]
+        seq = (
+            np.repeat(np.asarray(first_seqs, dtype=np.int64), counts)
+            + running
+            - running[chunk_start]
+        )
 
         name_table = np.array(names, dtype=object)
 
@@ -508,29 +593,38 @@ class Ingest:
             stages, bad_s = lookup(spans["a"])
             if bad_k or bad_s:
                 self._reject(run_id, run.pid, "unknown_string_id", bad_k + bad_s)
-            self.store.append("spans", {
-                "run_id": np.full(len(spans), run_id, dtype=np.int64),
-                "tid": spans["tid"].astype(np.int64),
-                "kind": kinds, "stage": stages,
-                "batch": spans["b"].astype(np.int64),
-                "start_ns": spans["start_ns"].astype(np.int64),
-                "end_ns": spans["end_ns"].astype(np.int64),
-                "depth": spans["flags"].astype(np.int16),
-                "seq": span_seq})
+            self.store.append(
+                "spans",
+                {
+                    "run_id": np.full(len(spans), run_id, dtype=np.int64),
+                    "tid": spans["tid"].astype(np.int64),
+                    "kind": kinds,
+                    "stage": stages,
+                    "batch": spans["b"].astype(np.int64),
+                    "start_ns": spans["start_ns"].astype(np.int64),
+                    "end_ns": spans["end_ns"].astype(np.int64),
+                    "depth": spans["flags"].astype(np.int16),
+                    "seq": span_seq,
+                },
+            )
         if len(gcs):
             ok = (gcs["flags"] <= 2) & (gcs["end_ns"] >= gcs["start_ns"])
             if not ok.all():
                 self._reject(run_id, run.pid, "bad_gc_record", int((~ok).sum()))
                 gcs, gc_seq = gcs[ok], gc_seq[ok]
-            self.store.append("gc_events", {
-                "run_id": np.full(len(gcs), run_id, dtype=np.int64),
-                "tid": gcs["tid"].astype(np.int64),
-                "generation": gcs["flags"].astype(np.int8),
-                "start_ns": gcs["start_ns"].astype(np.int64),
-                "end_ns": gcs["end_ns"].astype(np.int64),
-                "collected": gcs["a"].astype(np.int64),
-                "uncollectable": gcs["b"].astype(np.int64),
-                "seq": gc_seq})
+            self.store.append(
+                "gc_events",
+                {
+                    "run_id": np.full(len(gcs), run_id, dtype=np.int64),
+                    "tid": gcs["tid"].astype(np.int64),
+                    "generation": gcs["flags"].astype(np.int8),
+                    "start_ns": gcs["start_ns"].astype(np.int64),
+                    "end_ns": gcs["end_ns"].astype(np.int64),
+                    "collected": gcs["a"].astype(np.int64),
+                    "uncollectable": gcs["b"].astype(np.int64),
+                    "seq": gc_seq,
+                },
+            )
         run.records += len(spans) + len(gcs)
 
     # ----- shutdown ------------------------------------------------------------------
@@ -575,9 +669,13 @@ class Ingest:
                     del self.runs[run_id]
 
     def status(self):
-        return {"connections": len(self.conns), "datagrams": self.datagrams,
-                "records_received": self.records_received, "lost_records": self.lost_records,
-                "rejections": dict(self.rejections)}
+        return {
+            "connections": len(self.conns),
+            "datagrams": self.datagrams,
+            "records_received": self.records_received,
+            "lost_records": self.lost_records,
+            "rejections": dict(self.rejections),
+        }
 
 
 def _int(v, bits=64):

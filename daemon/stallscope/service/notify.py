@@ -46,8 +46,7 @@ class Notifier:
         if address and address.startswith("@"):
             address = "\0" + address[1:]
         elif address and not address.startswith("/"):
-            log.warning("NOTIFY_SOCKET=%r is neither a path nor @abstract; not notifying",
-                        address)
+            log.warning("NOTIFY_SOCKET=%r is neither a path nor @abstract; not notifying", address)
             address = None
         self.address = address
         self.watchdog_s = watchdog_interval_s(env) if address else None
@@ -78,8 +77,11 @@ class Notifier:
             self._sock.sendto(message.encode("utf-8", "replace"), self.address)
         except OSError as exc:
             if not self._warned:
-                log.warning("cannot notify the service manager at %r: %s",
-                            self.address.replace("\0", "@"), exc)
+                log.warning(
+                    "cannot notify the service manager at %r: %s",
+                    self.address.replace("\0", "@"),
+                    exc,
+                )
                 self._warned = True
             return False
         if len(self.sent) < 1000:

@@ -40,8 +40,9 @@ def apply(daemon):
     try:
         new = source.load()
     except configmod.ConfigError as exc:
-        log.error("configuration NOT reloaded, the daemon keeps running with the previous "
-                  "one: %s", exc)
+        log.error(
+            "configuration NOT reloaded, the daemon keeps running with the previous one: %s", exc
+        )
         if notify:
             notify.reloaded(daemon, error=str(exc))
         return False
@@ -52,13 +53,19 @@ def apply(daemon):
             effective[key.dotted] = after
             live_changes.append((key, before, after))
         else:
-            log.warning("%s changed (%r -> %r) but needs a restart: "
-                        "systemctl restart stallscope", key.dotted, before, after)
+            log.warning(
+                "%s changed (%r -> %r) but needs a restart: systemctl restart stallscope",
+                key.dotted,
+                before,
+                after,
+            )
     daemon.config = configmod.Config(effective, new.sources, new.path)
     if live_changes:
         _apply_live(daemon, live_changes)
-        log.info("configuration reloaded: %s",
-                 ", ".join(f"{k.dotted} {b!r} -> {a!r}" for k, b, a in live_changes))
+        log.info(
+            "configuration reloaded: %s",
+            ", ".join(f"{k.dotted} {b!r} -> {a!r}" for k, b, a in live_changes),
+        )
     else:
         log.info("configuration reloaded: nothing live changed")
     if notify:
@@ -89,10 +96,12 @@ def _apply_live(daemon, changes):
                 detail += " (restarted)"
             daemon._status_row(probe.name, probe.backend, "active", detail)
         except Exception as exc:
-            log.error("%s probe (%s) could not take the new settings: %s",
-                      probe.name, probe.backend, exc)
-            daemon._status_row(probe.name, probe.backend, "failed",
-                               f"reload: {type(exc).__name__}: {exc}")
+            log.error(
+                "%s probe (%s) could not take the new settings: %s", probe.name, probe.backend, exc
+            )
+            daemon._status_row(
+                probe.name, probe.backend, "failed", f"reload: {type(exc).__name__}: {exc}"
+            )
 
 
 def _restart(daemon, probe):

@@ -46,8 +46,10 @@ class Limits:
         self.check_interval_s = float(check_interval_s)
 
     def __repr__(self):
-        return (f"max_db_mb={self.max_db_mb:g} max_age_days={self.max_age_days:g} "
-                f"check_interval_s={self.check_interval_s:g}")
+        return (
+            f"max_db_mb={self.max_db_mb:g} max_age_days={self.max_age_days:g} "
+            f"check_interval_s={self.check_interval_s:g}"
+        )
 
 
 def used_bytes(cur, db_path):
@@ -78,11 +80,14 @@ def _tables(cur):
         "SELECT table_name, column_name FROM information_schema.columns "
         "WHERE table_schema = 'main' AND table_name IN "
         "(SELECT table_name FROM information_schema.tables "
-        " WHERE table_schema = 'main' AND table_type = 'BASE TABLE')").fetchall()
+        " WHERE table_schema = 'main' AND table_type = 'BASE TABLE')"
+    ).fetchall()
     columns = {}
     for table, column in rows:
         columns.setdefault(table, set()).add(column)
-    run_tables = sorted(t for t, cols in columns.items() if "run_id" in cols and t not in KEEP_TABLES)
+    run_tables = sorted(
+        t for t, cols in columns.items() if "run_id" in cols and t not in KEEP_TABLES
+    )
     timed = []
     for t, cols in sorted(columns.items()):
         if "run_id" in cols or t in KEEP_TABLES:
@@ -137,8 +142,14 @@ class Retention:
         limits = self.limits
         now_rt = time.time_ns() if now_realtime_ns is None else now_realtime_ns
         now_mono = time.monotonic_ns() if now_mono_ns is None else now_mono_ns
-        done = {"runs_deleted": [], "rows_deleted": 0, "before_bytes": None,
-                "after_bytes": None, "file_bytes": None, "checkpointed": False}
+        done = {
+            "runs_deleted": [],
+            "rows_deleted": 0,
+            "before_bytes": None,
+            "after_bytes": None,
+            "file_bytes": None,
+            "checkpointed": False,
+        }
         if limits.max_db_mb <= 0 and limits.max_age_days <= 0:
             self.last = done
             return done
@@ -151,10 +162,14 @@ class Retention:
                 changed = False
                 if limits.max_age_days > 0:
                     age_ns = int(limits.max_age_days * NS_PER_DAY)
-                    old = [r[0] for r in cur.execute(
-                        "SELECT run_id FROM runs WHERE ended_ns IS NOT NULL "
-                        "AND realtime_ns IS NOT NULL AND realtime_ns < ? ORDER BY run_id",
-                        [now_rt - age_ns]).fetchall()]
+                    old = [
+                        r[0]
+                        for r in cur.execute(
+                            "SELECT run_id FROM runs WHERE ended_ns IS NOT NULL "
+                            "AND realtime_ns IS NOT NULL AND realtime_ns < ? ORDER BY run_id",
+                            [now_rt - age_ns],
+                        ).fetchall()
+                    ]
                     changed |= self._delete_runs(cur, old, run_tables, done)
                     changed |= self._trim_timed(cur, timed, now_mono - age_ns, done)
                 if changed:
@@ -162,17 +177,23 @@ class Retention:
                 if limits.max_db_mb > 0:
                     limit_b = int(limits.max_db_mb * 1024 * 1024)
                     if used_bytes(cur, path) > limit_b:
-                        self._trim_to_size(cur, run_tables, timed,
-                                           int(limit_b * SIZE_TARGET_FRACTION), done)
+                        self._trim_to_size(
+                            cur, run_tables, timed, int(limit_b * SIZE_TARGET_FRACTION), done
+                        )
                 done["after_bytes"] = used_bytes(cur, path)
             finally:
                 cur.close()
         done["file_bytes"] = file_bytes(path)
         if done["runs_deleted"] or done["rows_deleted"]:
-            log.info("retention (%r): deleted %d runs and %d rows; used %.1f -> %.1f MiB, "
-                     "file %.1f MiB", limits, len(done["runs_deleted"]), done["rows_deleted"],
-                     done["before_bytes"] / 2**20, done["after_bytes"] / 2**20,
-                     done["file_bytes"] / 2**20)
+            log.info(
+                "retention (%r): deleted %d runs and %d rows; used %.1f -> %.1f MiB, file %.1f MiB",
+                limits,
+                len(done["runs_deleted"]),
+                done["rows_deleted"],
+                done["before_bytes"] / 2**20,
+                done["after_bytes"] / 2**20,
+                done["file_bytes"] / 2**20,
+            )
             self.on_runs_deleted(done["runs_deleted"])
         self.checks += 1
         self.last = done
@@ -188,9 +209,13 @@ class Retention:
             used = used_bytes(cur, self.store.path)
             if used <= target_b:
                 return
-            ended = [r[0] for r in cur.execute(
-                "SELECT run_id FROM runs WHERE ended_ns IS NOT NULL ORDER BY run_id LIMIT ?",
-                [batch]).fetchall()]
+            ended = [
+                r[0]
+                for r in cur.execute(
+                    "SELECT run_id FROM runs WHERE ended_ns IS NOT NULL ORDER BY run_id LIMIT ?",
+                    [batch],
+                ).fetchall()
+            ]
             progressed = False
             if ended:
                 progressed |= self._delete_runs(cur, ended, run_tables, done)
@@ -203,8 +228,11 @@ class Retention:
                 progressed |= self._trim_half(cur, timed, done)
             self._checkpoint(cur, done)
             if not progressed:
-                log.warning("database is over its size limit (%.1f MiB) but only connected "
-                            "runs are left to delete", target_b / SIZE_TARGET_FRACTION / 2**20)
+                log.warning(
+                    "database is over its size limit (%.1f MiB) but only connected "
+                    "runs are left to delete",
+                    target_b / SIZE_TARGET_FRACTION / 2**20,
+                )
                 return
             freed = used - used_bytes(cur, self.store.path)
             if freed > 0 and ended:
@@ -223,11 +251,15 @@ class Retention:
         cur.execute("BEGIN TRANSACTION")
         try:
             for table in run_tables:
-                n = cur.execute(f'DELETE FROM "{table}" WHERE run_id IN '
-                                f'(SELECT unnest(?::BIGINT[]))', [run_ids]).fetchone()[0]
+                n = cur.execute(
+                    f'DELETE FROM "{table}" WHERE run_id IN (SELECT unnest(?::BIGINT[]))', [run_ids]
+                ).fetchone()[0]
                 done["rows_deleted"] += n
-            cur.execute("DELETE FROM runs WHERE run_id IN (SELECT unnest(?::BIGINT[])) "
-                        "AND ended_ns IS NOT NULL", [run_ids])
+            cur.execute(
+                "DELETE FROM runs WHERE run_id IN (SELECT unnest(?::BIGINT[])) "
+                "AND ended_ns IS NOT NULL",
+                [run_ids],
+            )
             cur.execute("COMMIT")
         except Exception:
             cur.execute("ROLLBACK")
@@ -244,8 +276,9 @@ class Retention:
             oldest = cur.execute(f'SELECT min("{col}") FROM "{table}"').fetchone()[0]
             if oldest is None or oldest >= cutoff_ns:
                 continue
-            deleted += cur.execute(f'DELETE FROM "{table}" WHERE "{col}" < ?',
-                                   [int(cutoff_ns)]).fetchone()[0]
+            deleted += cur.execute(
+                f'DELETE FROM "{table}" WHERE "{col}" < ?', [int(cutoff_ns)]
+            ).fetchone()[0]
         done["rows_deleted"] += deleted
         return deleted > 0
 

@@ -15,9 +15,9 @@ import threading
 import time
 
 from stallscope import probes as probe_registry
+from stallscope.probes.base import ProbeSettings, Sink
 from stallscope.service import reload as config_reload
 from stallscope.service.ingest import Ingest
-from stallscope.probes.base import ProbeSettings, Sink
 from stallscope.service.retention import Retention
 from stallscope.service.store import Store
 
@@ -40,6 +40,7 @@ def limit_allocator_caches():
     under a 5 s, 800k records/s burst fell from 450 MB to ~360 MB)."""
     try:
         import pyarrow as pa
+
         pa.set_memory_pool(pa.system_memory_pool())
     except Exception:
         pass
@@ -59,16 +60,32 @@ class StoreSink(Sink):
         self.store.append(table, columns)
 
     def loss(self, probe, start_ns, end_ns, count, reason):
-        self.store.sql("INSERT INTO losses (run_id, probe, start_ns, end_ns, count, reason) "
-                       "VALUES (NULL, ?, ?, ?, ?, ?)",
-                       [probe, int(start_ns), int(end_ns), int(count), str(reason)])
+        self.store.sql(
+            "INSERT INTO losses (run_id, probe, start_ns, end_ns, count, reason) "
+            "VALUES (NULL, ?, ?, ?, ?, ?)",
+            [probe, int(start_ns), int(end_ns), int(count), str(reason)],
+        )
 
 
 class Daemon:
-    def __init__(self, socket_path, db_path, api_socket=None, listen_fd=None,
-                 pids=(), sched_backend=None, gpu_backend=None, settings=None,
-                 allowed_uids=None, flush_interval_s=0.2, notify=None, api_options=None,
-                 config_source=None, config=None, retention_limits=None):
+    def __init__(
+        self,
+        socket_path,
+        db_path,
+        api_socket=None,
+        listen_fd=None,
+        pids=(),
+        sched_backend=None,
+        gpu_backend=None,
+        settings=None,
+        allowed_uids=None,
+        flush_interval_s=0.2,
+        notify=None,
+        api_options=None,
+        config_source=None,
+        config=None,
+        retention_limits=None,
+    ):
         self.settings = settings or ProbeSettings()
         limit_allocator_caches()
         self.store = Store(db_path, flush_interval_s=flush_interval_s)
@@ -89,18 +106,28 @@ class Daemon:
             group = grp.getgrnam("stallscope").gr_gid
         except KeyError:
             group = None
-        self.ingest = Ingest(self.store, socket_path=socket_path, listen_fd=listen_fd,
-                             allowed_uids=allowed_uids, on_track=self._track,
-                             on_untrack=self._untrack, socket_group=group)
-        self.retention = (Retention(self.store, retention_limits,
-                                    on_runs_deleted=self.ingest.forget_runs)
-                          if retention_limits is not None else None)
+        self.ingest = Ingest(
+            self.store,
+            socket_path=socket_path,
+            listen_fd=listen_fd,
+            allowed_uids=allowed_uids,
+            on_track=self._track,
+            on_untrack=self._untrack,
+            socket_group=group,
+        )
+        self.retention = (
+            Retention(self.store, retention_limits, on_runs_deleted=self.ingest.forget_runs)
+            if retention_limits is not None
+            else None
+        )
         self._start_probes(sched_backend, gpu_backend)
 
     # ----- probes ----------------------------------------------------------------
     def _status_row(self, probe, backend, state, detail):
-        self.store.sql("INSERT INTO probe_status VALUES (?, ?, ?, ?, ?)",
-                       [time.monotonic_ns(), probe, backend, state, detail])
+        self.store.sql(
+            "INSERT INTO probe_status VALUES (?, ?, ?, ?, ?)",
+            [time.monotonic_ns(), probe, backend, state, detail],
+        )
 
     def _start_probes(self, sched_backend, gpu_backend):
         for name, prefer in (("sched", sched_backend), ("gpu", gpu_backend)):
@@ -145,8 +172,7 @@ class Daemon:
             try:
                 probe.untrack(pid)
             except Exception as exc:
-                log.warning("%s probe could not stop following pid %d: %s",
-                            probe.name, pid, exc)
+                log.warning("%s probe could not stop following pid %d: %s", probe.name, pid, exc)
 
     def active_probes(self):
         return [f"{p.name}={p.backend}" for p in self.probes]
@@ -161,6 +187,7 @@ class Daemon:
             self.retention.start()
         if self.api_socket or self.api_options.get("listen"):
             from stallscope.api.server import start_api_server
+
             try:
                 self.api = start_api_server(self, self.api_socket, **self.api_options)
             except BaseException:
@@ -171,9 +198,12 @@ class Daemon:
         signal.signal(signal.SIGTERM, self.stop)
         signal.signal(signal.SIGINT, self.stop)
         signal.signal(signal.SIGHUP, lambda *_: self._reload.set())
-        log.info("listening on %s, database %s, probes: %s",
-                 self.ingest.socket_path or "inherited socket", self.store.path,
-                 ", ".join(self.active_probes()) or "none")
+        log.info(
+            "listening on %s, database %s, probes: %s",
+            self.ingest.socket_path or "inherited socket",
+            self.store.path,
+            ", ".join(self.active_probes()) or "none",
+        )
         if self.notify:
             self.notify.ready(self)
         next_decode = time.monotonic() + DECODE_INTERVAL_S
@@ -210,6 +240,10 @@ class Daemon:
             except Exception as exc:
                 log.warning("%s probe did not stop cleanly: %s", probe.name, exc)
         self.store.close()
-        log.info("stopped in %.0f ms; %d records received, %d known lost, %d rejected",
-                 (time.monotonic() - t0) * 1000, self.ingest.records_received,
-                 self.ingest.lost_records, sum(self.ingest.rejections.values()))
+        log.info(
+            "stopped in %.0f ms; %d records received, %d known lost, %d rejected",
+            (time.monotonic() - t0) * 1000,
+            self.ingest.records_received,
+            self.ingest.lost_records,
+            sum(self.ingest.rejections.values()),
+        )

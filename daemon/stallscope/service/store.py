@@ -58,9 +58,12 @@ _REPORT_EVERY_S = 30.0
 def _transient(exc):
     """A failure that more disk space (or a reopen) can cure: keep the data."""
     text = str(exc)
-    return (isinstance(exc, (duckdb.IOException, duckdb.FatalException))
-            or "No space left" in text or "Could not write" in text
-            or "invalidated" in text)
+    return (
+        isinstance(exc, (duckdb.IOException, duckdb.FatalException))
+        or "No space left" in text
+        or "Could not write" in text
+        or "invalidated" in text
+    )
 
 
 def _as_arrow(columns):
@@ -106,9 +109,9 @@ class Store:
         self.sandboxed = sandbox
         self.flush_interval_s = flush_interval_s
         self._lock = threading.Lock()
-        self._tables = {}       # table -> list of pa.Table waiting
-        self.pending_rows = 0   # rows queued and not yet written
-        self._statements = []   # (sql, params) waiting, in order
+        self._tables = {}  # table -> list of pa.Table waiting
+        self.pending_rows = 0  # rows queued and not yet written
+        self._statements = []  # (sql, params) waiting, in order
         self._listeners = []
         self._stop = threading.Event()
         self._thread = None
@@ -117,10 +120,10 @@ class Store:
         self.rows_lost = 0
         self.flushes = 0
         self.last_error = None
-        self.rows_retained = 0      # rows kept in memory after a failed write
+        self.rows_retained = 0  # rows kept in memory after a failed write
         self.unwritable_since = None  # monotonic seconds of the first failure
         self._reported_at = 0.0
-        self._reopen = False        # the connection was invalidated: reopen it
+        self._reopen = False  # the connection was invalidated: reopen it
         self._kept = None
 
     # ----- producers ---------------------------------------------------------
@@ -185,9 +188,11 @@ class Store:
             if not tables and not statements:
                 return 0
             queued = sum(b.num_rows for bs in tables.values() for b in bs)
-            merged = {t: (pa.concat_tables(bs, promote_options="default")
-                          if len(bs) > 1 else bs[0]) for t, bs in tables.items()}
-            self._kept = None       # set by _retain when this flush keeps rows back
+            merged = {
+                t: (pa.concat_tables(bs, promote_options="default") if len(bs) > 1 else bs[0])
+                for t, bs in tables.items()
+            }
+            self._kept = None  # set by _retain when this flush keeps rows back
             cur = self._open_cursor()
             if cur is None:
                 self._retain(statements, merged, self.last_error)
@@ -212,9 +217,12 @@ class Store:
             self.rows_written += rows
             self.flushes += 1
             if self._kept is None and self.unwritable_since is not None:
-                log.warning("database writable again after %.1f s; rows kept meanwhile "
-                            "are written, %d dropped in all (see losses, probe 'store')",
-                            time.monotonic() - self.unwritable_since, self.rows_lost)
+                log.warning(
+                    "database writable again after %.1f s; rows kept meanwhile "
+                    "are written, %d dropped in all (see losses, probe 'store')",
+                    time.monotonic() - self.unwritable_since,
+                    self.rows_lost,
+                )
                 self.unwritable_since = None
             self.rows_retained = self._kept or 0
             return rows
@@ -244,8 +252,11 @@ class Store:
             return None
 
     def _note_fatal(self, exc):
-        if isinstance(exc, duckdb.FatalException) or "invalidated" in str(exc) \
-                or "closed" in str(exc):
+        if (
+            isinstance(exc, duckdb.FatalException)
+            or "invalidated" in str(exc)
+            or "closed" in str(exc)
+        ):
             self._reopen = True
 
     def _retain(self, statements, merged, exc):
@@ -280,10 +291,13 @@ class Store:
                 losses.append((None, extra, "store_unwritable(statements)"))
             now_ns = time.monotonic_ns()
             for run_id, count, reason in losses:
-                self._statements.append((
-                    "INSERT INTO losses (run_id, probe, start_ns, end_ns, count, reason) "
-                    "VALUES (?, 'store', ?, ?, ?, ?)",
-                    [run_id, now_ns, now_ns, count, f"{reason}: {self.last_error}"[:500]]))
+                self._statements.append(
+                    (
+                        "INSERT INTO losses (run_id, probe, start_ns, end_ns, count, reason) "
+                        "VALUES (?, 'store', ?, ?, ?, ?)",
+                        [run_id, now_ns, now_ns, count, f"{reason}: {self.last_error}"[:500]],
+                    )
+                )
             kept = total - dropped_rows
             # flush() subtracts every row it took; these are queued again.
             self.pending_rows += put_back - dropped_rows
@@ -292,15 +306,26 @@ class Store:
         if self.unwritable_since is None:
             self.unwritable_since = now_s
             self._reported_at = now_s
-            log.error("cannot write the database %s (%s): keeping up to %d rows in memory "
-                      "and retrying every %.1f s; probes and clients keep running",
-                      self.path, self.last_error, MAX_RETAINED_ROWS, self.flush_interval_s)
-        elif now_s - self._reported_at >= _REPORT_EVERY_S or (dropped_rows and
-                                                              not self.rows_lost - dropped_rows):
+            log.error(
+                "cannot write the database %s (%s): keeping up to %d rows in memory "
+                "and retrying every %.1f s; probes and clients keep running",
+                self.path,
+                self.last_error,
+                MAX_RETAINED_ROWS,
+                self.flush_interval_s,
+            )
+        elif now_s - self._reported_at >= _REPORT_EVERY_S or (
+            dropped_rows and not self.rows_lost - dropped_rows
+        ):
             self._reported_at = now_s
-            log.error("database still unwritable for %.0f s (%s): %d rows kept, %d dropped "
-                      "so far (recorded as losses when the disk takes writes again)",
-                      now_s - self.unwritable_since, self.last_error, kept, self.rows_lost)
+            log.error(
+                "database still unwritable for %.0f s (%s): %d rows kept, %d dropped "
+                "so far (recorded as losses when the disk takes writes again)",
+                now_s - self.unwritable_since,
+                self.last_error,
+                kept,
+                self.rows_lost,
+            )
 
     @staticmethod
     def _loss_rows(table, dropped):
@@ -342,8 +367,9 @@ class Store:
         the disk refused are kept for the next flush."""
         rows = 0
         keep_statements, keep_tables = [], {}
-        parts = [("statements", statements, None)] + \
-                [(table, None, data) for table, data in merged.items()]
+        parts = [("statements", statements, None)] + [
+            (table, None, data) for table, data in merged.items()
+        ]
         for name, stmts, data in parts:
             try:
                 cur.execute("BEGIN TRANSACTION")
@@ -389,12 +415,15 @@ class Store:
     def _record_loss(self, cur, table, lost, exc):
         self.rows_lost += lost
         self.last_error = f"{type(exc).__name__}: {exc}"
-        log.error("could not write %d rows of %s (%s); recorded as a loss",
-                  lost, table, self.last_error)
+        log.error(
+            "could not write %d rows of %s (%s); recorded as a loss", lost, table, self.last_error
+        )
         now = time.monotonic_ns()
         params = [now, now, lost, f"store_error({table}): {self.last_error}"[:500]]
-        sql = ("INSERT INTO losses (run_id, probe, start_ns, end_ns, count, reason) "
-               "VALUES (NULL, 'store', ?, ?, ?, ?)")
+        sql = (
+            "INSERT INTO losses (run_id, probe, start_ns, end_ns, count, reason) "
+            "VALUES (NULL, 'store', ?, ?, ?, ?)"
+        )
         try:
             cur.execute(sql, params)
         except Exception:
@@ -407,8 +436,11 @@ class Store:
             self._thread.join(timeout=5)
         self.flush()
         if self.rows_retained:
-            log.error("exiting with %d rows the database would not take (%s): they are lost",
-                      self.rows_retained, self.last_error)
+            log.error(
+                "exiting with %d rows the database would not take (%s): they are lost",
+                self.rows_retained,
+                self.last_error,
+            )
         try:
             self.con.execute("CHECKPOINT")
         except Exception as exc:
