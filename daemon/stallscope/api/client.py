@@ -17,14 +17,7 @@ import pyarrow as pa
 
 from stallscope.api.v1 import stallscope_pb2 as pb
 from stallscope.api.v1 import stallscope_pb2_grpc as pb_grpc
-
-
-class ApiError(Exception):
-    """The daemon refused or could not answer; the message is the daemon's."""
-
-    def __init__(self, message, code=None):
-        super().__init__(message)
-        self.code = code
+from stallscope.errors import AccessError, ApiError
 
 
 def _value(v):
@@ -243,8 +236,6 @@ class ApiSource:
         self.default_limit = limit
 
     def _execute(self, sql, params=None, limit=None):
-        from stallscope.analysis.access import AccessError
-
         limit = limit or self.default_limit or UNLIMITED_ROWS
         try:
             table, columns, truncated = self.client.query_arrow(sql, params, limit)

@@ -16,6 +16,8 @@ import time
 
 import duckdb
 
+from stallscope.errors import NotSandboxed, QueryError
+
 ALLOWED_TYPES = {duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN}
 
 DEFAULT_MAX_ROWS = 100_000
@@ -24,14 +26,6 @@ DEFAULT_TIMEOUT_S = 10.0
 TIMEOUT_CAP_S = 120.0
 DEFAULT_BATCH_ROWS = 8192
 MAX_BATCH_ROWS = 65_536
-
-
-class QueryError(Exception):
-    """The statement was refused or failed; the message is the user's to read."""
-
-
-class NotSandboxed(Exception):
-    """The database instance is not sandboxed, so no user SQL may run on it."""
 
 
 def check_sandbox(cur):

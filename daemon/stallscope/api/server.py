@@ -27,9 +27,10 @@ from grpc_reflection.v1alpha import reflection
 from stallscope.api import events
 from stallscope.api.alerts import StallDetector
 from stallscope.api.fanout import Fanout, Filter
-from stallscope.api.sandbox import NotSandboxed, QueryError, QueryRun
+from stallscope.api.sandbox import QueryRun
 from stallscope.api.v1 import stallscope_pb2 as pb
 from stallscope.api.v1 import stallscope_pb2_grpc as pb_grpc
+from stallscope.errors import ApiConfigError, NotSandboxed, QueryError
 from stallscope.service.sockets import prepare_path
 
 log = logging.getLogger("stallscope.api")
@@ -41,10 +42,6 @@ MAX_CONCURRENT_QUERIES = 2
 # this often to notice a cancelled client.
 STREAM_WAKE_S = 0.25
 MAX_EVENTS_PER_MESSAGE = 4096
-
-
-class ApiConfigError(Exception):
-    """The API cannot start as configured; the message says how to fix it."""
 
 
 def check_api_options(api_socket=None, listen=None, tls_cert=None, tls_key=None, client_ca=None):
@@ -368,18 +365,15 @@ class ApiServer:
 
 
 def start_api_server(daemon, api_socket, listen=None, tls_cert=None, tls_key=None, client_ca=None):
-    """Serve the API for `daemon`; returns an ApiServer. Raises SystemExit when the
-    configuration is refused (plain-text TCP, unreadable TLS files, socket in use)."""
-    try:
-        check_api_options(api_socket, listen, tls_cert, tls_key, client_ca)
-        if not api_socket and not listen:
-            raise ApiConfigError(
-                "no API endpoint: give --api-socket PATH and/or --grpc-listen HOST:PORT with TLS"
-            )
-        if api_socket:
-            _prepare_unix_socket(api_socket)
-    except ApiConfigError as exc:
-        raise SystemExit(f"error: {exc}") from None
+    """Serve the API for `daemon`; returns an ApiServer. Raises ApiConfigError when
+    the configuration is refused (plain-text TCP, unreadable TLS files, socket in use)."""
+    check_api_options(api_socket, listen, tls_cert, tls_key, client_ca)
+    if not api_socket and not listen:
+        raise ApiConfigError(
+            "no API endpoint: give --api-socket PATH and/or --grpc-listen HOST:PORT with TLS"
+        )
+    if api_socket:
+        _prepare_unix_socket(api_socket)
 
     def run_pids():
         return {r.run_id: r.pid for r in list(daemon.ingest.runs.values())}
@@ -418,7 +412,7 @@ def start_api_server(daemon, api_socket, listen=None, tls_cert=None, tls_key=Non
         server.start()
     except (RuntimeError, OSError) as exc:
         detector.stop()
-        raise SystemExit(f"error: API: {exc}") from None
+        raise ApiConfigError(f"API: {exc}") from None
     finally:
         os.umask(old)
     if api_socket:

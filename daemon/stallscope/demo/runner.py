@@ -14,6 +14,7 @@ import tempfile
 import time
 
 from stallscope.analysis import summary
+from stallscope.errors import ServiceError
 
 
 def _wait_for_socket(path, proc, log_path, timeout_s=30.0):
@@ -24,11 +25,11 @@ def _wait_for_socket(path, proc, log_path, timeout_s=30.0):
         if ready and os.path.exists(path):
             return
         if proc.poll() is not None:
-            raise SystemExit(
-                f"error: the daemon exited early (status {proc.returncode}); see its log above"
+            raise ServiceError(
+                f"the daemon exited early (status {proc.returncode}); see its log above"
             )
         time.sleep(0.05)
-    raise SystemExit(f"error: the daemon did not create {path} within {timeout_s:.0f} s")
+    raise ServiceError(f"the daemon did not create {path} within {timeout_s:.0f} s")
 
 
 def run_demo(args):

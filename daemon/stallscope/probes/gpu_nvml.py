@@ -25,6 +25,7 @@ import time
 from collections import deque
 
 from stallscope.probes.base import Probe, ProbeSettings
+from stallscope.errors import ProbeError
 
 log = logging.getLogger("stallscope.probes.gpu")
 
@@ -265,16 +266,16 @@ class NvmlGpuProbe(Probe):
         """Initialise NVML, find the GPUs and calibrate; no thread (tests step it)."""
         nv, problem = _load_bindings()
         if problem:
-            raise RuntimeError(problem)
+            raise ProbeError(problem)
         try:
             nv.nvmlInit()
         except nv.NVMLError as exc:
-            raise RuntimeError(init_problem(nv, exc)) from None
+            raise ProbeError(init_problem(nv, exc)) from None
         self.nv, self.sink = nv, sink
         try:
             count = nv.nvmlDeviceGetCount()
         except nv.NVMLError as exc:
-            raise RuntimeError(
+            raise ProbeError(
                 f"NVML cannot count GPUs ({exc}); the GPU probe is off, the daemon runs on"
             ) from None
         indices = [int(i) for i in (self.settings.gpus or range(count))]

@@ -19,6 +19,8 @@ import os
 import re
 from dataclasses import dataclass
 
+from stallscope.errors import ConfigError
+
 try:  # Python 3.11+
     import tomllib as _toml
 except ModuleNotFoundError:  # Python 3.10
@@ -27,13 +29,16 @@ except ModuleNotFoundError:  # Python 3.10
     except ModuleNotFoundError:
         _toml = None
 
+# The default paths, written here only (the CLI's read commands, the shipped
+# stallscope.toml and the docs take them from here; probe_client keeps its
+# own copy of the probe socket, checked equal by tests/test_layout.py).
+DEFAULT_PROBE_SOCKET = "/run/stallscope/probe.sock"
+DEFAULT_DB = "/var/lib/stallscope/stallscope.duckdb"
+# The service's API socket (the bare command serves no API by default).
+DEFAULT_API_SOCKET = "/run/stallscope/api.sock"
 # Where scripts/install.sh puts the file and the unit points --config.
 DEFAULT_CONFIG = "/etc/stallscope/stallscope.toml"
 CONFIG_ENV = "STALLSCOPE_CONFIG"
-
-
-class ConfigError(Exception):
-    """A configuration the daemon refuses: str() says where and why."""
 
 
 @dataclass(frozen=True)
@@ -48,6 +53,12 @@ class Key:
     choices: tuple = ()
     minimum: float | None = None
     doc: str = ""
+    metavar: str | None = None  # for the flag's --help
+
+    @property
+    def option(self):
+        """The `stallscope daemon` flag as typed, e.g. --max-db-mb (None: no flag)."""
+        return "--" + self.flag.replace("_", "-") if self.flag else None
 
     @property
     def dotted(self):
@@ -59,7 +70,7 @@ KEYS = [
         "daemon",
         "socket",
         "str",
-        "/run/stallscope/probe.sock",
+        DEFAULT_PROBE_SOCKET,
         "STALLSCOPE_SOCKET",
         "socket",
         doc="probe socket path (ignored when systemd passes the socket)",
@@ -68,7 +79,7 @@ KEYS = [
         "daemon",
         "db",
         "str",
-        "/var/lib/stallscope/stallscope.duckdb",
+        DEFAULT_DB,
         "STALLSCOPE_DB",
         "db",
         doc="DuckDB database file",
@@ -80,6 +91,7 @@ KEYS = [
         [],
         "STALLSCOPE_ALLOW_UIDS",
         "allow_uid",
+        metavar="UID",
         doc="accept probe connections only from these uids; empty = any that can open the socket",
     ),
     Key(
@@ -89,6 +101,7 @@ KEYS = [
         [],
         "STALLSCOPE_PIDS",
         "pid",
+        metavar="PID",
         doc="also trace these processes (no probe client needed)",
     ),
     Key(
@@ -140,6 +153,7 @@ KEYS = [
         [],
         "STALLSCOPE_GPUS",
         "gpus",
+        metavar="N[,N...]",
         doc="NVML device indices to sample; empty = all",
     ),
     Key(
@@ -191,6 +205,7 @@ KEYS = [
         "",
         "STALLSCOPE_API_LISTEN",
         "grpc_listen",
+        metavar="HOST:PORT",
         doc="gRPC on TCP host:port as well; refused without tls_cert and tls_key",
     ),
     Key(
@@ -395,7 +410,7 @@ def resolve(flags=None, config_file=None, environ=None):
         flag_value = flags.get(key.flag) if key.flag else None
         if flag_value not in (None, []):
             value, source = (
-                _convert(key, flag_value, f"flag --{key.flag.replace('_', '-')}"),
+                _convert(key, flag_value, f"flag {key.option}"),
                 "flag",
             )
         elif key.env and env.get(key.env):
@@ -461,7 +476,7 @@ def render_default_file():
 
 
 # What the installed file sets where the service differs from the bare command.
-SERVICE_DEFAULTS = {"api.socket": "/run/stallscope/api.sock"}
+SERVICE_DEFAULTS = {"api.socket": DEFAULT_API_SOCKET}
 
 
 def _toml_value(value):
