@@ -58,7 +58,6 @@ def add_arguments(parser):
 
 
 def run(args):
-    from stallscope.probes.base import ProbeSettings
     from stallscope.service import activation
     from stallscope.service.notify import Notifier
     from stallscope.service.retention import Limits
@@ -82,11 +81,7 @@ def run(args):
     if probe_fd is not None:
         family, kind, address = activation.describe(probe_fd)
         log.info("probe socket from systemd: fd %d (%s)", probe_fd, address or "unnamed")
-    settings = ProbeSettings(
-        gpu_poll_hz=cfg["probes.gpu_poll_hz"],
-        sched_poll_hz=cfg["probes.sched_poll_hz"],
-        gpus=tuple(cfg["probes.gpus"]),
-    )
+    settings = config.probe_settings(cfg)
     limits = Limits(
         cfg["retention.max_db_mb"], cfg["retention.max_age_days"], cfg["retention.check_interval_s"]
     )
@@ -94,12 +89,7 @@ def run(args):
     def backend(value):
         return None if value == "auto" else value
 
-    api_options = cfg.api_options()
-    if api_options:
-        from stallscope.api.server import check_api_options
-
-        # refuse plain-text TCP and bad TLS files before anything starts
-        check_api_options(cfg["api.socket"] or None, **api_options)
+    api_options = cfg.api_options()  # checked by config.check_api while loading
     daemon = Daemon(
         cfg["daemon.socket"],
         cfg["daemon.db"],

@@ -13,7 +13,9 @@ import sys
 import tempfile
 import time
 
-from stallscope.analysis import summary
+import duckdb
+
+from stallscope.analysis import report, summary
 from stallscope.errors import ServiceError
 
 
@@ -95,18 +97,11 @@ def run_demo(args):
             file=sys.stderr,
         )
 
-    import duckdb
-
     con = duckdb.connect(db, read_only=True)
     try:
         print()
         print(summary.build_summary(con))
-        try:
-            from stallscope.analysis import report
-        except ImportError:
-            report = None
-        if report is not None:
-            print(report.build_report(con, out_dir=out_dir))
+        print(report.build_report(con, out_dir=out_dir))
     finally:
         con.close()
     print(
