@@ -26,8 +26,6 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-
 from stallscope.probes.sched_bcc import RECORD_DTYPE, BccSchedProbe
 from stallscope.probes.sched_perf import PerfSchedProbe
 

@@ -1,6 +1,6 @@
 """The GPU probe against a fake libnvidia-ml (H200 answers), through the real bindings.
 
-`pynvml.nvmlLib` is replaced with tests/probes/fake_nvml.FakeNvml, so the
+`pynvml.nvmlLib` is replaced with stallscope.probes.fake_nvml.FakeNvml, so the
 bindings' own marshalling and error mapping run (nvidia-ml-py 13.615.71 at
 the time of writing; the project requires >= 12.535). Rows go through the
 real Store into DuckDB and are asserted there. No timing assertions.
@@ -14,10 +14,7 @@ from pathlib import Path
 import pynvml
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-import fake_nvml
-
-from stallscope.probes import gpu_nvml
+from stallscope.probes import fake_nvml, gpu_nvml
 from stallscope.probes.base import ProbeSettings
 from stallscope.probes.gpu_reasons import decode_clock_event_reasons, is_slowdown
 from stallscope.service.server import StoreSink

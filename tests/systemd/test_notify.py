@@ -10,8 +10,8 @@ import time
 import uuid
 
 import pytest
-from sdtools import NotifyListener, ServiceProcess, proc_backend_available
 
+from helpers.systemd import NotifyListener, ServiceProcess, proc_backend_available
 from stallscope.service import notify as notifymod
 
 NO_PROBES = '[probes]\nsched_backend = "none"\ngpu_backend = "none"\n'

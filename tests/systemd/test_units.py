@@ -8,8 +8,8 @@ import re
 import subprocess
 
 import pytest
-from sdtools import REPO, have
 
+from helpers.systemd import REPO, have
 from stallscope.service import activation
 
 INSTALL = str(REPO / "scripts" / "install.sh")

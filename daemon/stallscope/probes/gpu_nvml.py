@@ -24,8 +24,8 @@ import threading
 import time
 from collections import deque
 
-from stallscope.probes.base import Probe, ProbeSettings
 from stallscope.errors import ProbeError
+from stallscope.probes.base import Probe, ProbeSettings
 
 log = logging.getLogger("stallscope.probes.gpu")
 
