@@ -9,6 +9,7 @@ that cannot run here is reported with its reason and the daemon runs on.
 
 import ctypes
 import grp
+import os
 import logging
 import signal
 import threading
@@ -19,7 +20,7 @@ from stallscope.probes.base import ProbeSettings, Sink
 from stallscope.service import reload as config_reload
 from stallscope.service.ingest import Ingest
 from stallscope.service.retention import Retention
-from stallscope.service.store import Store
+from stallscope.service.store import DB_UMASK, Store
 
 log = logging.getLogger("stallscope.daemon")
 
@@ -88,6 +89,9 @@ class Daemon:
     ):
         self.settings = settings or ProbeSettings()
         limit_allocator_caches()
+        # Files the daemon creates (database, WAL, exports) are never
+        # world-readable; sockets set their own mode explicitly.
+        os.umask(os.umask(DB_UMASK) | DB_UMASK)
         self.store = Store(db_path, flush_interval_s=flush_interval_s)
         self.sink = StoreSink(self.store)
         self.probes = []

@@ -16,22 +16,20 @@ here). The store never blocks a producer on disk I/O: appends only take a
 short lock.
 """
 
+import grp
 import logging
 import os
 import threading
 import time
-from pathlib import Path
 
 import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from stallscope.analysis import views
+from stallscope.service.migrations import apply_schema
 
 log = logging.getLogger("stallscope.store")
-
-SCHEMA_DIR = Path(__file__).resolve().parent.parent / "schema"
 
 # The gRPC Query rpc runs users' SQL on cursors of this same database, and
 # DuckDB applies these settings per database instance (one process cannot
@@ -80,11 +78,30 @@ def _as_arrow(columns):
     return pa.Table.from_arrays(arrays, names=names)
 
 
-def apply_schema(con):
-    """Create every table (idempotent) and then the query views."""
-    for path in sorted(SCHEMA_DIR.glob("*.sql")):
-        con.execute(path.read_text())
-    views.create_views(con)
+# Traces hold every traced process's argv and timings: the database and its
+# WAL are for the daemon and group `stallscope` only. DuckDB creates both
+# with the process umask (the WAL anew after every checkpoint), so the daemon
+# runs with DB_UMASK (service.server) and the main file is also fixed here.
+DB_UMASK = 0o027
+DB_MODE = 0o640
+DB_GROUP = "stallscope"
+
+
+def _restrict(path):
+    """Mode 0640 and, when the group exists and we may, group `stallscope`."""
+    try:
+        os.chmod(path, DB_MODE)
+    except OSError as exc:
+        log.warning("cannot set mode %o on %s: %s", DB_MODE, path, exc)
+    try:
+        gid = grp.getgrnam(DB_GROUP).gr_gid
+    except KeyError:
+        return
+    try:
+        if os.stat(path).st_gid != gid:
+            os.chown(path, -1, gid)
+    except OSError:
+        pass  # not root and not a member: the administrator's choice stands
 
 
 class Store:
@@ -103,6 +120,7 @@ class Store:
         if sandbox:
             self._config.update(SANDBOX_CONFIG)
         self.con = duckdb.connect(self.path, config=self._config)
+        _restrict(self.path)
         apply_schema(self.con)
         if sandbox:
             self.con.execute("SET lock_configuration = true")
