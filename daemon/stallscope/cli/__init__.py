@@ -178,6 +178,13 @@ def build_parser():
 
 
 def main(argv=None):
+    args_in = sys.argv[1:] if argv is None else argv
+    if args_in[:1] == ["daemon"]:
+        # Before anything else: a SIGTERM during start-up is a stop request,
+        # not a death with records clients already sent (service/stopping.py).
+        from stallscope.service import stopping
+
+        stopping.install()
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(
@@ -198,7 +205,7 @@ def main(argv=None):
 # ----- subcommands ---------------------------------------------------------------
 def cmd_daemon(args):
     from stallscope.probes.base import ProbeSettings
-    from stallscope.service import activation, config
+    from stallscope.service import activation, config, stopping
     from stallscope.service.notify import Notifier
     from stallscope.service.retention import Limits
     from stallscope.service.server import Daemon
@@ -270,6 +277,7 @@ def cmd_daemon(args):
         config_source=source,
         config=cfg,
         retention_limits=limits,
+        stop_event=stopping.STOP,
     )
     return daemon.run()
 

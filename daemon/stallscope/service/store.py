@@ -16,7 +16,6 @@ here). The store never blocks a producer on disk I/O: appends only take a
 short lock.
 """
 
-import grp
 import logging
 import os
 import threading
@@ -79,29 +78,22 @@ def _as_arrow(columns):
 
 
 # Traces hold every traced process's argv and timings: the database and its
-# WAL are for the daemon and group `stallscope` only. DuckDB creates both
+# WAL are for the daemon and its group only (the unit runs the daemon as
+# group `stallscope`, so that is the group readers join). DuckDB creates both
 # with the process umask (the WAL anew after every checkpoint), so the daemon
 # runs with DB_UMASK (service.server) and the main file is also fixed here.
+# No chown: under the unit the group is already right, and its system-call
+# filter has no @chown.
 DB_UMASK = 0o027
 DB_MODE = 0o640
-DB_GROUP = "stallscope"
 
 
 def _restrict(path):
-    """Mode 0640 and, when the group exists and we may, group `stallscope`."""
+    """Mode 0640 for a database file the daemon opens."""
     try:
         os.chmod(path, DB_MODE)
     except OSError as exc:
         log.warning("cannot set mode %o on %s: %s", DB_MODE, path, exc)
-    try:
-        gid = grp.getgrnam(DB_GROUP).gr_gid
-    except KeyError:
-        return
-    try:
-        if os.stat(path).st_gid != gid:
-            os.chown(path, -1, gid)
-    except OSError:
-        pass  # not root and not a member: the administrator's choice stands
 
 
 class Store:
