@@ -250,3 +250,14 @@ def test_status_and_runs(qd):
         ("q", os.getpid(), N_STEPS, False)
     ]
     assert qd.client.runs(live_only=True) == []
+
+
+@pytest.mark.parametrize("big", [2**64 + 1, -(2**63) - 1])
+def test_integers_beyond_64_bits_cross_the_api_both_ways(qd, big):
+    # A parameter beyond 64 bits goes as decimal text (it used to make the
+    # client raise), a HUGEINT result comes back whole in either format.
+    cols, rows = qd.client.query("SELECT ?::HUGEINT AS h", params=[big])
+    assert rows == [(big,)]
+    msgs = list(qd.client.stub.Query(pb.QueryRequest(sql=f"SELECT {big}::HUGEINT AS h")))
+    (value,) = [v for m in msgs for r in m.rows for v in r.values]
+    assert value.WhichOneof("kind") == "string_value" and int(value.string_value) == big

@@ -11,6 +11,8 @@ import re
 
 import duckdb
 
+from stallscope.errors import AccessError
+
 STATUS_QUERIES = (
     (
         "Runs",
@@ -42,10 +44,6 @@ LIST_NAMES = (
 )
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
-
-class AccessError(Exception):
-    """Why the data cannot be read, said so that a user can act on it."""
 
 
 def named_or_sql(text):

@@ -22,6 +22,8 @@ import time
 
 import duckdb
 
+from stallscope.errors import NotSandboxed, QueryError
+
 ALLOWED_TYPES = {duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN}
 
 DEFAULT_MAX_ROWS = 100_000
@@ -56,13 +58,6 @@ _OWN_SCANS = {
 _EXPLAIN_PREFIX = re.compile(r"^\s*EXPLAIN\s+", re.IGNORECASE)
 _EXPLAIN_ANALYZE = re.compile(r"^\s*EXPLAIN\s+(\(.*\bANALY[SZ]E\b|ANALY[SZ]E\b)", re.I | re.S)
 
-
-class QueryError(Exception):
-    """The statement was refused or failed; the message is the user's to read."""
-
-
-class NotSandboxed(Exception):
-    """The database instance is not sandboxed, so no user SQL may run on it."""
 
 
 def check_sandbox(cur):

@@ -61,11 +61,10 @@ class StoreSink(Sink):
         self.store.append(table, columns)
 
     def loss(self, probe, start_ns, end_ns, count, reason):
-        self.store.sql(
-            "INSERT INTO losses (run_id, probe, start_ns, end_ns, count, reason) "
-            "VALUES (NULL, ?, ?, ?, ?, ?)",
-            [probe, int(start_ns), int(end_ns), int(count), str(reason)],
-        )
+        self.store.record_loss(probe, start_ns, end_ns, count, reason)
+
+    def status(self, probe, backend, state, detail):
+        self.store.record_probe_status(probe, backend, state, detail)
 
 
 class Daemon:
@@ -140,16 +139,12 @@ class Daemon:
         )
 
     # ----- probes ----------------------------------------------------------------
-    def _status_row(self, probe, backend, state, detail):
-        self.store.sql(
-            "INSERT INTO probe_status VALUES (?, ?, ?, ?, ?)",
-            [time.monotonic_ns(), probe, backend, state, detail],
-        )
-
     def _start_probes(self, sched_backend, gpu_backend):
         for name, prefer in (("sched", sched_backend), ("gpu", gpu_backend)):
             if prefer == "none":
-                self._status_row(name, None, "unavailable", "disabled by configuration")
+                self.store.record_probe_status(
+                    name, None, "unavailable", "disabled by configuration"
+                )
                 log.info("%s probe: disabled", name)
                 continue
             cls, skipped = probe_registry.select_backend(name, self.settings, prefer)
@@ -157,18 +152,22 @@ class Daemon:
                 log.info("%s probe: skipped %s: %s", name, spec.rsplit(":", 1)[-1], reason)
             if cls is None:
                 reason = "; ".join(r for _, r in skipped) or "no backend"
-                self._status_row(name, None, "unavailable", reason)
+                self.store.record_probe_status(name, None, "unavailable", reason)
                 log.warning("%s probe unavailable: %s", name, reason)
                 continue
             try:
                 probe = cls(self.settings)
                 probe.start(self.sink)
             except Exception as exc:
-                self._status_row(name, cls.backend, "failed", f"{type(exc).__name__}: {exc}")
+                self.store.record_probe_status(
+                    name, cls.backend, "failed", f"{type(exc).__name__}: {exc}"
+                )
                 log.error("%s probe (%s) failed to start: %s", name, cls.backend, exc)
                 continue
             self.probes.append(probe)
-            self._status_row(name, cls.backend, "active", "; ".join(r for _, r in skipped))
+            self.store.record_probe_status(
+                name, cls.backend, "active", "; ".join(r for _, r in skipped)
+            )
             log.info("%s probe: using %s", name, cls.backend)
         for pid in self.extra_pids:
             self._track(pid)
