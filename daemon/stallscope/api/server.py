@@ -71,6 +71,7 @@ class StallscopeServicer(pb_grpc.StallscopeServicer):
         self.detector = detector
         self._queries = threading.BoundedSemaphore(MAX_CONCURRENT_QUERIES)
         self.started_ns = getattr(daemon, "started_ns", time.monotonic_ns())
+        self.shutting_down = False  # set by ApiServer.stop: streams end UNAVAILABLE
 
     # ----- StreamEvents -------------------------------------------------------------
     def StreamEvents(self, request, context):
@@ -118,6 +119,10 @@ class StallscopeServicer(pb_grpc.StallscopeServicer):
                             ev.seq = sub.seq
                             sub.seq += 1
                     yield pb.EventBatch(events=part, sent_ns=time.monotonic_ns())
+            if self.shutting_down and context.is_active():
+                # Not OK: a client must be able to tell "the daemon went away"
+                # from "the stream is complete", and retry elsewhere or later.
+                context.abort(grpc.StatusCode.UNAVAILABLE, "the daemon is shutting down")
         finally:
             self.fanout.unsubscribe(sub)
             log.info(
@@ -291,8 +296,12 @@ def _prepare_unix_socket(path):
 class ApiServer:
     """The running server; `stop(grace)` ends streams and closes sockets."""
 
-    def __init__(self, server, fanout, detector, store, api_socket, tcp_port):
+    def __init__(
+        self, server, fanout, detector, store, api_socket, tcp_port, health=None, servicer=None
+    ):
         self.server = server
+        self.health = health
+        self.servicer = servicer
         self.fanout = fanout
         self.detector = detector
         self.store = store
@@ -305,6 +314,12 @@ class ApiServer:
         return max(0, len(self.fanout.subscribers) - 1)
 
     def stop(self, grace=0.5):
+        """NOT_SERVING first (Health.Watch clients hear it), then streams end
+        with UNAVAILABLE, then the server stops after `grace` seconds."""
+        if self.health is not None:
+            self.health.enter_graceful_shutdown()  # every service -> NOT_SERVING
+        if self.servicer is not None:
+            self.servicer.shutting_down = True
         self.store.remove_listener(self.fanout.on_batch)
         self.detector.stop()
         self.fanout.close_all()
@@ -385,4 +400,13 @@ def start_api_server(daemon, api_socket, listen=None, tls_cert=None, tls_key=Non
             f"tcp {host}:{tcp_port} (TLS{', client certificates required' if client_ca else ''})"
         )
     log.info("API serving on %s", " and ".join(where))
-    return ApiServer(server, fanout, detector, daemon.store, api_socket, tcp_port)
+    return ApiServer(
+        server,
+        fanout,
+        detector,
+        daemon.store,
+        api_socket,
+        tcp_port,
+        health=health_servicer,
+        servicer=servicer,
+    )

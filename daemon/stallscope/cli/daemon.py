@@ -58,7 +58,7 @@ def add_arguments(parser):
 
 
 def run(args):
-    from stallscope.service import activation
+    from stallscope.service import activation, stopping
     from stallscope.service.notify import Notifier
     from stallscope.service.retention import Limits
     from stallscope.service.server import Daemon
@@ -105,6 +105,7 @@ def run(args):
         config_source=source,
         config=cfg,
         retention_limits=limits,
+        stop_event=stopping.STOP,
     )
     return daemon.run()
 

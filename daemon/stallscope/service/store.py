@@ -19,18 +19,15 @@ import logging
 import os
 import threading
 import time
-from pathlib import Path
 
 import duckdb
 import numpy as np
 import pyarrow as pa
 
-from stallscope.analysis import views
+from stallscope.service.migrations import apply_schema
 from stallscope.service.store_recovery import LOSS_SQL, Recovery, transient
 
 log = logging.getLogger("stallscope.store")
-
-SCHEMA_DIR = Path(__file__).resolve().parent.parent / "schema"
 
 # The gRPC Query rpc runs users' SQL on cursors of this same database, and
 # DuckDB applies these settings per database instance (one process cannot
@@ -65,11 +62,23 @@ def _as_arrow(columns):
     return pa.Table.from_arrays(arrays, names=names)
 
 
-def apply_schema(con):
-    """Create every table (idempotent) and then the query views."""
-    for path in sorted(SCHEMA_DIR.glob("*.sql")):
-        con.execute(path.read_text())
-    views.create_views(con)
+# Traces hold every traced process's argv and timings: the database and its
+# WAL are for the daemon and its group only (the unit runs the daemon as
+# group `stallscope`, so that is the group readers join). DuckDB creates both
+# with the process umask (the WAL anew after every checkpoint), so the daemon
+# runs with DB_UMASK (service.server) and the main file is also fixed here.
+# No chown: under the unit the group is already right, and its system-call
+# filter has no @chown.
+DB_UMASK = 0o027
+DB_MODE = 0o640
+
+
+def _restrict(path):
+    """Mode 0640 for a database file the daemon opens."""
+    try:
+        os.chmod(path, DB_MODE)
+    except OSError as exc:
+        log.warning("cannot set mode %o on %s: %s", DB_MODE, path, exc)
 
 
 class Store(Recovery):
@@ -88,6 +97,7 @@ class Store(Recovery):
         if sandbox:
             self._config.update(SANDBOX_CONFIG)
         self.con = duckdb.connect(self.path, config=self._config)
+        _restrict(self.path)
         apply_schema(self.con)
         if sandbox:
             self.con.execute("SET lock_configuration = true")
