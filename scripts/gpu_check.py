@@ -19,6 +19,7 @@ import platform
 import statistics
 import sys
 import time
+from itertools import pairwise
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -118,7 +119,7 @@ def buffer_shape(nv, h):
             )
         }
         stamps = sorted(int(s.timeStamp) for s in samples)
-        gaps = [b - a for a, b in zip(stamps, stamps[1:])]
+        gaps = [b - a for a, b in pairwise(stamps)]
         out[label] = {
             "depth": len(stamps),
             "value_type": int(vtype),
@@ -201,13 +202,13 @@ def calibration(gpu_nvml, ProbeSettings, seconds):
     buf = [
         v
         for b in sink.batches
-        for v, s in zip(b["sm_clock_mhz"], b["source"])
+        for v, s in zip(b["sm_clock_mhz"], b["source"], strict=True)
         if s == "buffer" and v is not None
     ]
     pol = [
         v
         for b in sink.batches
-        for v, s in zip(b["sm_clock_mhz"], b["source"])
+        for v, s in zip(b["sm_clock_mhz"], b["source"], strict=True)
         if s == "poll" and v is not None
     ]
     status = probe.status()
@@ -396,7 +397,9 @@ def main(argv=None):
     if reason:
         print(f"gpu_check: GPU probe unavailable: {reason}")
         return 2
-    nv, _ = gpu_nvml._load_bindings()  # the probe module is the one that imports pynvml
+    from stallscope.probes.nvml_bindings import load_bindings
+
+    nv, _ = load_bindings()  # the one module that imports pynvml
     nv.nvmlInit()
     h = nv.nvmlDeviceGetHandleByIndex(0)
     from importlib import metadata

@@ -14,7 +14,7 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from stallscope.probes import fake_nvml, gpu_nvml
+from stallscope.probes import fake_nvml, gpu_nvml, nvml_bindings
 from stallscope.probes.base import ProbeSettings
 from stallscope.probes.gpu_reasons import decode_clock_event_reasons, is_slowdown
 from stallscope.service.server import StoreSink
@@ -329,16 +329,16 @@ def test_unavailable_names_missing_gpus(fake):
 
 def test_binding_checks():
     here = pynvml.__file__
-    assert gpu_nvml.binding_problem(pynvml, "13.615.71", here) is None
+    assert nvml_bindings.binding_problem(pynvml, "13.615.71", here) is None
     legacy = types.SimpleNamespace(__file__="/usr/lib/python3/site-packages/pynvml/__init__.py")
-    msg = gpu_nvml.binding_problem(legacy, "13.615.71", here)
+    msg = nvml_bindings.binding_problem(legacy, "13.615.71", here)
     assert "legacy 'pynvml'" in msg and "pip uninstall -y pynvml" in msg
-    assert "too old" in gpu_nvml.binding_problem(pynvml, "12.520.1", here)
-    assert "does not come from nvidia-ml-py" in gpu_nvml.binding_problem(pynvml, None, None)
+    assert "too old" in nvml_bindings.binding_problem(pynvml, "12.520.1", here)
+    assert "does not come from nvidia-ml-py" in nvml_bindings.binding_problem(pynvml, None, None)
     no_events = types.SimpleNamespace(__file__=here)
-    assert "lacks" in gpu_nvml.binding_problem(no_events, "12.535.0", here)
+    assert "lacks" in nvml_bindings.binding_problem(no_events, "12.535.0", here)
     # and the installed bindings pass the whole check
-    mod, problem = gpu_nvml._load_bindings()
+    mod, problem = nvml_bindings.load_bindings()
     assert problem is None and mod is pynvml
 
 
