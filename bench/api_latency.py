@@ -172,10 +172,10 @@ def query_runs(client):
     out = []
     for name, sql in (("stored spans", "SELECT * FROM spans"), ("synthetic 2M x 4", SYNTH)):
 
-        def arrow():
+        def arrow(sql=sql):
             return client.query_arrow(sql, limit=10_000_000, timeout_ms=120_000)[0].num_rows
 
-        def rows():
+        def rows(sql=sql):
             n = 0
             for msg in client.stub.Query(
                 pb.QueryRequest(sql=sql, max_rows=10_000_000, timeout_ms=120_000)
@@ -190,7 +190,7 @@ def query_runs(client):
         if name == "stored spans":
             t_ref = None
         else:
-            _, t_ref = timed(lambda: ref.sql(sql).to_arrow_table().num_rows)
+            _, t_ref = timed(lambda ref=ref, sql=sql: ref.sql(sql).to_arrow_table().num_rows)
         out.append(
             {
                 "result": name,

@@ -147,7 +147,7 @@ def main():
     seed_rows = seed_hook(arms["seed"])
     results = {k: [] for k in arms}
     collections = {k: [0, 0, 0] for k in arms}
-    for r in range(a.rounds):
+    for _ in range(a.rounds):
         for name, engine in arms.items():
             before = [s["collections"] for s in gc.get_stats()]
             results[name].append(time_steps(engine, a.steps, int(a.period_us * 1000)))

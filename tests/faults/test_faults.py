@@ -168,7 +168,6 @@ def test_disk_full_daemon_says_so_keeps_clients_and_resumes(
         assert wait_for(lambda: os.path.exists(ready), 20)
         time.sleep(1.0)
         _fill(filler)
-        t_full = time.monotonic()
         assert wait_for(lambda: "cannot write the database" in d.new_log(), 10)
         time.sleep(full_s)
         assert d.proc.poll() is None
@@ -212,7 +211,9 @@ def test_disk_full_daemon_says_so_keeps_clients_and_resumes(
         client_drops_full=stats["drops_full"],
         resume_after_space_s=round(recover_s, 2),
         daemon_vm_hwm_mb=round(hwm_kb / 1024, 1),
-        logged=[l.split(" ", 4)[-1][:160] for l in log.splitlines() if "stallscope.store" in l][:3],
+        logged=[
+            line.split(" ", 4)[-1][:160] for line in log.splitlines() if "stallscope.store" in line
+        ][:3],
     )
 
 

@@ -271,9 +271,9 @@ class Fuzzer:
         info = {f: rng.choice(_WEIRD) for f in rng.sample(_FIELDS, rng.randint(0, 6))}
         resume = None
         if not self.live and self.by_token and rng.random() < 0.2:
-            token, tpid = rng.choice(list(self.by_token))
-            if rng.random() < 0.5:
-                tpid = pid  # same token from another pid: must be a new run
+            # a token this or another pid used (another pid's must make a new run)
+            token, _ = rng.choice(list(self.by_token))
+            rng.random()  # kept so that a seed makes the same inputs as before
             info["run_token"] = token
             resume = self.by_token.get((token, pid))
         elif rng.random() < 0.15:
