@@ -14,10 +14,8 @@ thread holds it). Standard library only.
 
 import atexit
 import gc as _gc
-import inspect
 import json
 import os
-import re
 import signal
 import socket
 import sys
@@ -26,7 +24,7 @@ import threading
 import time
 import weakref
 
-from . import wire
+from . import _wrap, wire
 
 DEFAULT_SOCKET = "/run/stallscope/probe.sock"
 SOCKET_ENV = "STALLSCOPE_SOCKET"
@@ -50,6 +48,17 @@ _MOSTLY_FULL_AT = wire.HEADER_SIZE + (wire.MAX_RECORDS * 3 // 4) * wire.RECORD_S
 
 _live_probes = weakref.WeakSet()
 
+# Numbers and functions the generated wrappers are compiled with.
+_CONSTS = {
+    "full": _FULL_AT,
+    "rtype": _REC_SPAN,
+    "rs": _RS,
+    "interval": FLUSH_INTERVAL_NS,
+    "half": _MOSTLY_FULL_AT,
+    "pack": _pack_record,
+    "mono": _monotonic_ns,
+}
+
 
 def _free_threaded():
     return (
@@ -58,166 +67,19 @@ def _free_threaded():
     )
 
 
-_SPEC_RE = re.compile(r"^(len\()?\s*(result|self|arg[0-9])((?:\.[A-Za-z_][A-Za-z0-9_]*)*)\s*(\))?$")
-
-
-def _compile_spec(text):
-    """Parse a stage/batch source (`result.phase`, `arg0.requests`,
-    `self.batch.size`, `len(result.requests)`) into (source, attrs, use_len)."""
-    m = _SPEC_RE.match(text.strip()) if isinstance(text, str) else None
-    if m is None or bool(m.group(1)) != bool(m.group(4)):
-        raise ValueError(
-            f"bad source {text!r}: use result.ATTR, argN.ATTR, self.ATTR "
-            "or len(...) of one of these"
-        )
-    return m.group(2), m.group(3), bool(m.group(1))
-
-
 class _ThreadState:
     """Per-thread probe state; one per thread, made on the thread's first span."""
 
-    __slots__ = ("tid", "depth", "stage_id", "batch")
+    __slots__ = ("tid", "depth", "stage_id", "batch", "ext", "work", "idle")
 
     def __init__(self):
         self.tid = _native_id()
         self.depth = 0
         self.stage_id = 0
         self.batch = 0
-
-
-# The wrapper `attach()` installs, generated per method so that it takes the
-# method's own parameters: forwarding `*args, **kwargs` would build an
-# argument tuple and dict on every call (and costs ~0.3 us here). Everything
-# between the two timestamps is the user's call; everything after is one
-# record write, guarded so that nothing of ours can replace the call's own
-# return value or exception.
-_WRAPPER_TEMPLATE = """
-def make(_p, _target, _owner_ref, _KID, _sid, _pack, _buf, _acquire, _release, _mono, _local):
-    def wrapper({params}):
-        try:
-            st = _local.st
-        except AttributeError:
-            st = _p._thread_state()
-        st.depth += 1
-        result = None
-        t0 = _mono()
-        try:
-            result = {call}
-            return result
-        finally:
-            t1 = _mono()
-            st.depth -= 1
-            try:
-{tags}
-                _acquire()
-                try:
-                    pos = _p._pos
-                    if pos >= {full}:
-                        _p._send_full_locked(t1)
-                        pos = _p._pos
-                    _pack(_buf, pos, {rtype}, st.depth, _KID, st.tid, t0, t1, st.stage_id, st.batch)
-                    _p._pos = pos + {rs}
-                finally:
-                    _release()
-                if st.depth == 0:
-                    st.stage_id = 0
-                    st.batch = 0
-                    if t1 - _p._last_send_ns >= {interval} or _p._pos >= {half}:
-                        _p._flush(t1)
-            except Exception:
-                _p.errors += 1
-    return wrapper
-"""
-
-_TAG_TEMPLATE = """\
-                try:
-                    {stmt}
-                except Exception:
-                    _p.errors += 1
-"""
-
-
-def _plain_params(func):
-    """Parameter names of `func` if they are all plain positional-or-keyword
-    ones without defaults, else None (then the wrapper forwards *args)."""
-    try:
-        sig = inspect.signature(func)
-    except (TypeError, ValueError):
-        return None
-    names = []
-    for param in sig.parameters.values():
-        if param.kind is not param.POSITIONAL_OR_KEYWORD or param.default is not param.empty:
-            return None
-        names.append(param.name)
-    return names
-
-
-def _build_wrapper(probe, target, kid, stage, batch, mode, params, owner_ref):
-    """mode: 'class' (target is the function stored on a class: self is the
-    first parameter), 'weak' (target is the function of a method bound to an
-    instance held by weak reference), 'call' (target is any callable)."""
-    exact = params is not None
-    if exact:
-        user = [f"a{i}" for i in range(len(params) - (0 if mode == "call" else 1))]
-    if mode == "class":
-        self_name = "a_self"
-        sig = ["a_self"] + user if exact else ["a_self", "*args", "**kwargs"]
-        call = "_target(" + ", ".join(sig) + ")"
-    elif mode == "weak":
-        self_name = "_owner_ref()"
-        sig = user if exact else ["*args", "**kwargs"]
-        call = "_target(_owner_ref(), " + ", ".join(sig) + ")"
-    else:
-        self_name = "None"
-        sig = user if exact else ["*args", "**kwargs"]
-        call = "_target(" + ", ".join(sig) + ")"
-
-    def expr(spec):
-        source, attrs, use_len = _compile_spec(spec)
-        if source == "result":
-            base = "result"
-        elif source == "self":
-            if self_name == "None":
-                raise ValueError(f"{spec!r}: the attached callable has no self")
-            base = self_name
-        else:
-            n = int(source[3:])
-            if exact and n >= len(user):
-                raise ValueError(f"{spec!r}: the method takes {len(user)} argument(s)")
-            base = f"a{n}" if exact else f"args[{n}]"
-        text = base + attrs
-        return f"len({text})" if use_len else text
-
-    tags = []
-    if stage:
-        tags.append(_TAG_TEMPLATE.format(stmt=f"st.stage_id = _sid({expr(stage)})"))
-    if batch:
-        tags.append(_TAG_TEMPLATE.format(stmt=f"st.batch = int({expr(batch)}) & {_U32}"))
-    source = _WRAPPER_TEMPLATE.format(
-        params=", ".join(sig),
-        call=call,
-        tags="".join(tags) or "                pass",
-        full=_FULL_AT,
-        rtype=_REC_SPAN,
-        rs=_RS,
-        interval=FLUSH_INTERVAL_NS,
-        half=_MOSTLY_FULL_AT,
-    )
-    namespace = {}
-    exec(compile(source, f"<stallscope wrapper kind={kid}>", "exec"), namespace)
-    return namespace["make"](
-        probe,
-        target,
-        owner_ref,
-        kid,
-        probe._sid,
-        _pack_record,
-        probe._buf,
-        probe._lock.acquire,
-        probe._lock.release,
-        _monotonic_ns,
-        probe._local,
-    )
+        self.ext = 0  # 1: work or idle is set (the span gets an extension record)
+        self.work = None
+        self.idle = None
 
 
 class Probe:
@@ -317,59 +179,50 @@ class Probe:
         `target` may be an instance (only that object's calls are timed) or a
         class (every instance's calls are timed: use this for per-call objects
         such as submission tickets; never wrap each instance, which is how
-        the seed's hook made one reference cycle per submission). `stage` and
-        `batch` optionally say where the step's stage and batch size come
-        from: `result.ATTR`, `argN.ATTR` (N-th argument after self),
-        `self.ATTR`, or `len(...)` of one of these, read with plain attribute
-        access (no allocation). Values found become the thread's current
-        stage and batch, carried by every span that ends on the thread until
-        the outermost span ends. Raises on a bad path or spec (set-up time).
+        the seed's hook made one reference cycle per submission). The
+        wrapper takes the method's own parameters (names, kinds, default
+        objects) and accepts, returns and raises exactly what the method
+        does; static and class methods, `functools.lru_cache` and
+        `partialmethod`, builtins and `async def` (the span covers the
+        awaited call) are supported. Generators, properties and descriptors
+        whose binding cannot be reproduced are refused with `AttachError`.
+        `stage` and `batch` optionally say where the step's stage and batch
+        size come from, as expressions of the language in `_expr.py`
+        (`result.phase`, `len(arg0.requests)`, ...), compiled now into
+        plain reads. Values found become the thread's current stage and
+        batch, carried by every span that ends on the thread until the
+        outermost span ends. Raises on a bad path or expression (set-up
+        time), never on the hot path.
         """
         owner = target
         parts = path.split(".")
         for part in parts[:-1]:
             owner = getattr(owner, part)
         name = parts[-1]
-        kid = self._intern(kind)
+        if isinstance(owner, type):
+            plan = _wrap.plan_class(owner, name)
+        else:
+            plan = _wrap.plan_instance(owner, name, path)
+        exprs = {"stage": stage, "batch": batch}
+        wrapper = _wrap.build(self, plan, self._intern(kind), exprs, _CONSTS)
+        wrapper.__stallscope_kind__ = kind
+        if plan.store == "static":
+            installed = staticmethod(wrapper)
+        elif plan.store == "classmethod":
+            installed = classmethod(wrapper)
+        else:
+            installed = wrapper
         owner_dict = getattr(owner, "__dict__", {})
         had_own = name in owner_dict
         previous = owner_dict.get(name) if had_own else None
-        if isinstance(owner, type):
-            func = owner_dict.get(name)
-            if func is None:
-                func = getattr(owner, name)
-            if isinstance(func, (staticmethod, classmethod)) or not callable(func):
-                raise TypeError(f"{owner.__name__}.{name} is not a plain method")
-            wrapper = _build_wrapper(
-                self, func, kid, stage, batch, "class", _plain_params(func), None
-            )
-        else:
-            current = getattr(owner, name)
-            if not callable(current):
-                raise TypeError(f"{path} is not callable")
-            func = getattr(current, "__func__", None)
-            owner_ref = None
-            if func is not None and getattr(current, "__self__", None) is owner:
-                # Holding the bound method would make owner -> wrapper ->
-                # method -> owner, a cycle: keep the function and a weak
-                # reference to the owner instead.
-                try:
-                    owner_ref = weakref.ref(owner)
-                except TypeError:
-                    owner_ref = None
-            if owner_ref is not None:
-                wrapper = _build_wrapper(
-                    self, func, kid, stage, batch, "weak", _plain_params(func), owner_ref
-                )
-            else:
-                wrapper = _build_wrapper(
-                    self, current, kid, stage, batch, "call", _plain_params(current), None
-                )
-        wrapper.__wrapped__ = func if isinstance(owner, type) else getattr(owner, name)
-        wrapper.__name__ = name
-        wrapper.__qualname__ = f"stallscope[{kind}].{name}"
-        setattr(owner, name, wrapper)
-        self._attached.append((owner, name, had_own, previous))
+        setattr(owner, name, installed)
+        # An instance is remembered weakly (for detach at close), so that
+        # attaching to one never keeps it alive.
+        try:
+            keep = owner if isinstance(owner, type) else weakref.ref(owner)
+        except TypeError:
+            keep = owner
+        self._attached.append((keep, name, had_own, previous))
         return wrapper
 
     def flush(self):
@@ -385,6 +238,10 @@ class Probe:
             return
         self._closed = True
         for owner, name, had_own, previous in reversed(self._attached):
+            if isinstance(owner, weakref.ref):
+                owner = owner()
+                if owner is None:
+                    continue
             try:
                 if had_own:
                     setattr(owner, name, previous)
