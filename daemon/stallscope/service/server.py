@@ -9,8 +9,8 @@ that cannot run here is reported with its reason and the daemon runs on.
 
 import ctypes
 import grp
-import os
 import logging
+import os
 import signal
 import threading
 import time
