@@ -17,6 +17,7 @@ import random
 import sys
 import threading
 import time
+import weakref
 from collections import deque
 
 from stallscope.demo.engine import Engine, Request, StageWork, Ticket
@@ -96,13 +97,16 @@ class Injector:
     Each injected step is logged as JSON: cause, start_ns, end_ns, tid."""
 
     def __init__(self, engine, causes, every, extra_ms, log_path):
-        self.engine = engine
+        # engine._step becomes this injector's method, so the injector holds
+        # the engine weakly and the class's function, never a method bound to
+        # the engine: no reference cycle (probe_client's attach() refuses one).
+        self.engine = weakref.proxy(engine)
         self.causes = list(causes)
         self.every = every
         self.extra_s = extra_ms / 1000.0
         self.log = open(log_path, "w") if log_path else None
         self.i = 0
-        self._orig_step = engine._step
+        self._orig_step = type(engine)._step
         engine._step = self._step
         self._hog_pid = None
         self._hog_fd = None
@@ -135,7 +139,7 @@ class Injector:
     def _step(self):
         n = self.engine.steps
         if n == 0 or n % self.every:
-            return self._orig_step()
+            return self._orig_step(self.engine)
         cause = self.causes[self.i % len(self.causes)]
         self.i += 1
         t0 = time.monotonic_ns()
@@ -147,7 +151,7 @@ class Injector:
             gc.collect(2)
         elif cause == "block":
             time.sleep(self.extra_s)
-        result = self._orig_step()
+        result = self._orig_step(self.engine)
         t1 = time.monotonic_ns()
         if self.log:
             self.log.write(
