@@ -121,9 +121,6 @@ def test_library_code_never_exits():
                 offenders.append(f"{name}:{node.lineno}")
             elif isinstance(node, ast.Call) and text.startswith("sys.exit("):
                 offenders.append(f"{name}:{node.lineno}")
-    # TODO(ingest): service/ingest.py still raises SystemExit when its socket
-    # cannot be opened; it should raise errors.ServiceError.
-    offenders = [o for o in offenders if not o.startswith("stallscope.service.ingest:")]
     assert offenders == []
 
 
