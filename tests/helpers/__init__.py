@@ -4,6 +4,7 @@
 gRPC API), `waiting.wait_for` (poll a condition, never a timed assertion),
 `privileged.require_privileged` (skip, or fail in CI), `faults`,
 `clientproc` and `fuzzwire` (the fault suite), `systemd` (units, notify,
-activation), `sched` and `sched_workload` (the scheduling probes). Fixtures
-live in conftest.py files, never here.
+activation), `sched` and `sched_workload` (the scheduling probes), `gpu`
+(the GPU probe on a real Store). Fixtures live in conftest.py files, never
+here.
 """
