@@ -11,7 +11,8 @@ import sys
 import pytest
 
 import probe_client
-from apihelpers import start_api_daemon, stop, wait_for
+from helpers.api import start_api_daemon, stop
+from helpers.waiting import wait_for
 from stallscope.service.endpoint import endpoint_path
 
 

@@ -187,9 +187,6 @@ class _Cursor:
                 out[name] = values
         return out
 
-    def fetch_arrow_table(self):
-        return self._table
-
 
 class ApiConnection:
     """A DuckDB-connection look-alike whose execute() runs through Query."""
