@@ -282,29 +282,45 @@ class Ingest(RunRegistry, RecordDecoder):
     def close(self):
         """Stop accepting, read what is queued, decode it (the caller flushes).
 
-        Connections waiting in the listen backlog and every datagram already
-        queued on a connection hold records clients consider sent: all are
-        read (for at most `SHUTDOWN_DRAIN_S`, as clients may keep sending)."""
-        self._accept()
-        try:
-            self.selector.unregister(self.listener)
-        except (KeyError, ValueError):
-            pass
-        self.listener.close()
-        deadline = time.monotonic() + SHUTDOWN_DRAIN_S
-        pending = list(self.conns.values())
-        while pending and time.monotonic() < deadline:
-            pending = [conn for conn in pending if self._read(conn)]
-        self.decode_pending()
-        for conn in list(self.conns.values()):
-            self._close(conn)
-        self.decode_pending()
+        Every datagram a client's send() accepted must be read or its loss
+        reported: so no connection may appear, and no datagram be queued,
+        after the last read. New connections are refused first (the path is
+        removed and our own listener shut for reading; an inherited listener
+        is left to systemd, which keeps its queue for the next start), the
+        backlog is accepted, then each connection is shut for reading (a
+        client's later send() fails with EPIPE and counts as a drop it will
+        report) and read to its end, for at most `SHUTDOWN_DRAIN_S`."""
         if self.socket_path:
             try:
                 os.unlink(self.socket_path)
             except OSError as exc:
                 if exc.errno != errno.ENOENT:
                     log.warning("could not remove %s: %s", self.socket_path, exc)
+            try:
+                self.listener.shutdown(socket.SHUT_RD)
+            except OSError:
+                pass
+        self._accept()
+        try:
+            self.selector.unregister(self.listener)
+        except (KeyError, ValueError):
+            pass
+        self.listener.close()
+        for conn in list(self.conns.values()):
+            try:
+                conn.sock.shutdown(socket.SHUT_RD)
+            except OSError:
+                pass
+        deadline = time.monotonic() + SHUTDOWN_DRAIN_S
+        pending = list(self.conns.values())
+        while pending and time.monotonic() < deadline:
+            # _read is True while it read something: after SHUT_RD nothing new
+            # can arrive, so a connection is done at its first empty read.
+            pending = [conn for conn in pending if conn.sock.fileno() >= 0 and self._read(conn)]
+        self.decode_pending()
+        for conn in list(self.conns.values()):
+            self._close(conn)
+        self.decode_pending()
 
     def forget_runs(self, run_ids):
         """Drop what is kept in memory for runs retention deleted (ended runs
