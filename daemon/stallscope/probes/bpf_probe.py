@@ -128,10 +128,10 @@ class BccTracepointProbe(Probe):
             self._bpf = None
             raise
         self._lost_seen = dict.fromkeys(self.loss_reasons, 0)
+        self._sink = sink
         self._attached = True  # bcc attaches every TRACEPOINT_PROBE on load
         if self.detachable:
             self.detach()
-        self._sink = sink
         self._lost_since_ns = time.monotonic_ns()
         for pid in list(self._tracked):
             self._load_tracked(pid)
