@@ -106,6 +106,24 @@ def build_parser():
         choices=["auto", "nvml", "none"],
         help="force the GPU probe on or off (default: on when a GPU exists)",
     )
+    d.add_argument(
+        "--kernel-causes",
+        choices=["auto", "none"],
+        help="page-fault, IRQ, steal and syscall probes (default: auto, where they can run)",
+    )
+    d.add_argument(
+        "--deep",
+        action="store_true",
+        default=None,
+        help="keep the syscall probe attached for the daemon's life (slows every "
+        "syscall on the host; default: only in `stallscope deep` windows)",
+    )
+    d.add_argument(
+        "--syscall-threshold-us",
+        type=float,
+        default=None,
+        help="syscalls at least this long are rows of their own (50)",
+    )
     d.add_argument("--gpu-poll-hz", type=float, default=None, help="NVML polling rate (10)")
     d.add_argument("--gpus", default=None, help="NVML indices to sample, e.g. 0,1 (default all)")
     d.add_argument(
@@ -174,6 +192,21 @@ def build_parser():
 
     s = sub.add_parser("status", help="what the daemon holds: runs, probes, losses")
     _add_db(s)
+
+    w = sub.add_parser(
+        "deep",
+        help="open a diagnosis window: attach the expensive kernel probes (syscalls) for a while",
+        description="Asks a running daemon (through its API) to attach the syscall probe "
+        "for the given time; a window asked for during one extends it. Every syscall on "
+        "the host is slower meanwhile (BENCHMARKS.md). Example: stallscope deep --for 60s",
+    )
+    w.add_argument(
+        "--for",
+        dest="duration",
+        default="60s",
+        help="how long: 90, 90s, 500ms, 5m (default 60s; at most 1h)",
+    )
+    w.add_argument("--api-socket", default=_env("STALLSCOPE_API_SOCKET", DEFAULT_API_SOCKET))
     return parser
 
 
@@ -239,6 +272,9 @@ def cmd_daemon(args):
         gpu_poll_hz=cfg["probes.gpu_poll_hz"],
         sched_poll_hz=cfg["probes.sched_poll_hz"],
         gpus=tuple(cfg["probes.gpus"]),
+        kernel_causes=cfg["probes.kernel_causes"] != "none",
+        deep=cfg["probes.deep"],
+        syscall_threshold_us=cfg["probes.syscall_threshold_us"],
     )
     limits = Limits(
         cfg["retention.max_db_mb"], cfg["retention.max_age_days"], cfg["retention.check_interval_s"]
@@ -345,6 +381,45 @@ def cmd_compare(args):
         raise UserError(str(exc)) from None
     finally:
         source.close()
+    return 0
+
+
+def parse_duration_s(text):
+    """Seconds from '90', '90s', '500ms', '5m', '1h'; UserError otherwise."""
+    units = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+    t = str(text).strip().lower()
+    for unit in ("ms", "s", "m", "h"):
+        if t.endswith(unit):
+            t, scale = t[: -len(unit)], units[unit]
+            break
+    else:
+        scale = 1.0
+    try:
+        value = float(t) * scale
+    except ValueError:
+        raise UserError(f"--for wants a duration like 60s, 500ms or 5m, not {text!r}") from None
+    if not value > 0:
+        raise UserError(f"--for wants a positive duration, not {text!r}")
+    return value
+
+
+def cmd_deep(args):
+    from stallscope.api.client import ApiError, Client
+
+    seconds = parse_duration_s(args.duration)
+    try:
+        client = Client(args.api_socket)
+        try:
+            reply = client.start_diagnosis(seconds)
+        finally:
+            client.close()
+    except ApiError as exc:
+        raise UserError(f"diagnosis window not opened: {exc}") from None
+    probes = ", ".join(reply.probes)
+    if reply.deep:
+        print(f"the daemon runs with --deep: {probes} already attached for its whole life")
+    else:
+        print(f"diagnosis window open for {seconds:g} s: {probes} attached")
     return 0
 
 

@@ -7,6 +7,8 @@ probe clients connect and leave (and for `--pid`). It writes rows with
 `sink.append(table, columns)` (column name -> numpy array or list, whole
 batches, never a row at a time) and known gaps with `sink.loss(...)`.
 `stop()` flushes what it holds and releases kernel or driver resources.
+`covering()` says whether it records now (a detachable probe may be loaded
+but detached); the daemon turns that into `coverage` rows per run.
 """
 
 from dataclasses import dataclass, field
@@ -18,6 +20,9 @@ class ProbeSettings:
     sched_poll_hz: float = 100.0  # /proc backend sampling rate
     gpu_poll_hz: float = 10.0  # NVML polling rate
     gpus: tuple = ()  # NVML indices to sample; empty = all
+    kernel_causes: bool = True  # page-fault, IRQ, steal (and syscall) probes
+    deep: bool = False  # expensive probes (syscalls) attached for the daemon's life
+    syscall_threshold_us: float = 50.0  # syscalls at least this long are rows of their own
     extra: dict = field(default_factory=dict)
 
 
@@ -56,6 +61,11 @@ class Probe:
 
     def stop(self):
         """Flush what is held and release resources; idempotent."""
+
+    def covering(self):
+        """True while this probe records what it measures for the processes
+        it follows (the daemon writes `coverage` rows from this)."""
+        return True
 
     def status(self):
         """A small dict for GetStatus: counters, rates, settings."""

@@ -49,7 +49,7 @@ class BccSyscallsProbe(BccTracepointProbe):
     def __init__(self, settings=None):
         super().__init__(settings)
         extra = self.settings.extra
-        self.threshold_ns = int(float(extra.get("syscalls_threshold_us", 50)) * 1000)
+        self.threshold_ns = int(float(self.settings.syscall_threshold_us) * 1000)
         self.flush_ns = int(float(extra.get("syscalls_flush_ms", 20)) * 1e6)
         self.sweep_s = max(self.poll_s, 0.1)
         self._last_sweep = 0.0

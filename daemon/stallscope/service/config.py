@@ -143,6 +143,37 @@ KEYS = [
         doc="NVML device indices to sample; empty = all",
     ),
     Key(
+        "probes",
+        "kernel_causes",
+        "choice",
+        "auto",
+        "STALLSCOPE_KERNEL_CAUSES",
+        "kernel_causes",
+        choices=("auto", "none"),
+        doc="page-fault, IRQ, steal and syscall probes (docs/kernel-causes.md); "
+        "auto = each where it can run",
+    ),
+    Key(
+        "probes",
+        "deep",
+        "bool",
+        False,
+        "STALLSCOPE_DEEP",
+        "deep",
+        doc="keep the expensive probes (syscalls: every syscall on the host gets "
+        "slower) attached for the daemon's life, not only in diagnosis windows",
+    ),
+    Key(
+        "probes",
+        "syscall_threshold_us",
+        "float",
+        50.0,
+        "STALLSCOPE_SYSCALL_THRESHOLD_US",
+        "syscall_threshold_us",
+        minimum=1,
+        doc="syscalls at least this long (us) are rows of their own; shorter ones are summed",
+    ),
+    Key(
         "retention",
         "max_db_mb",
         "float",
@@ -267,6 +298,10 @@ def _convert(key, value, origin):
         if key.minimum is not None and value < key.minimum:
             raise bad(f"{value:g} is below the minimum {key.minimum:g}")
         return value
+    if kind == "bool":
+        if not isinstance(value, bool):
+            raise bad(f"expected true or false, got {_tname(value)}")
+        return value
     if kind == "ints":
         if not isinstance(value, list) or not all(
             isinstance(v, int) and not isinstance(v, bool) for v in value
@@ -295,6 +330,13 @@ def _from_env_text(key, text):
             return _convert(key, float(text), origin)
         except ValueError:
             raise ConfigError(f"{origin}: {key.dotted}: {text!r} is not a number") from None
+    if key.kind == "bool":
+        word = text.strip().lower()
+        if word in ("1", "true", "yes", "on"):
+            return True
+        if word in ("0", "false", "no", "off", ""):
+            return False
+        raise ConfigError(f"{origin}: {key.dotted}: {text!r} is not true or false")
     if key.kind == "ints":
         try:
             return [int(p) for p in re.split(r"[,\s]+", text.strip()) if p]
