@@ -268,11 +268,26 @@ def program_stats(bpf):
 
 
 def decode_comm(values, valid):
-    """A pyarrow string array from an 'S16' column, NULL where not `valid`."""
+    """A pyarrow string column (dictionary-encoded) from an 'S16' column,
+    NULL where not `valid`. comm values repeat a lot, so each distinct one
+    is decoded once: rows are grouped by a 64-bit mix of their 16 bytes,
+    checked byte for byte (a collision falls back to decoding every row)."""
     import pyarrow as pa
 
-    text = np.char.decode(values, "utf-8", "replace")
-    return pa.array(text, mask=~valid)
+    values = np.ascontiguousarray(values, dtype="S16")
+    mask = pa.array(~np.asarray(valid, dtype=bool))
+    if len(values) == 0:
+        return pa.array([], type=pa.string())
+    words = values.view("<u8").reshape(-1, 2)
+    with np.errstate(over="ignore"):
+        key = (words[:, 0] * np.uint64(0x9E3779B97F4A7C15)) ^ words[:, 1]
+    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    if not (words == words[first][inverse]).all():
+        text = np.char.decode(values, "utf-8", "replace")
+        return pa.array(text, mask=~np.asarray(valid, dtype=bool))
+    names = pa.array([v.decode("utf-8", "replace") for v in values[first].tolist()], pa.string())
+    indices = pa.array(inverse.astype(np.int32).ravel(), mask=mask.to_numpy(zero_copy_only=False))
+    return pa.DictionaryArray.from_arrays(indices, names)
 
 
 def nullable(values, valid, dtype):
