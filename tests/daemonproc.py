@@ -37,7 +37,7 @@ class DaemonProcess:
         if self.sched_backend == "none" and "--kernel-causes" not in self.extra_args:
             # no kernel probes at all unless a test asks (they need root and
             # take ~1 s to load)
-            cmd += ["--kernel-causes", "none"]
+            cmd += ["--no-kernel-causes"]
         cmd += self.extra_args
         self._logf = open(self.log, "a")
         self.proc = subprocess.Popen(cmd, stdout=self._logf, stderr=self._logf)

@@ -90,19 +90,19 @@ def test_window_extends_and_deep_mode_stays(store):
 
 def test_deep_settings_parse():
     cfg = config.resolve({}, environ={})
-    assert cfg["probes.deep"] is False and cfg["probes.kernel_causes"] == "auto"
+    assert cfg["probes.deep"] is False and cfg["probes.kernel_causes"] is True
     assert cfg["probes.syscall_threshold_us"] == 50.0
     cfg = config.resolve({"deep": True, "syscall_threshold_us": 200.0}, environ={})
     assert cfg["probes.deep"] is True and cfg["probes.syscall_threshold_us"] == 200.0
     assert config.resolve({}, environ={"STALLSCOPE_DEEP": "yes"})["probes.deep"] is True
-    with pytest.raises(config.ConfigError, match="not true or false"):
+    with pytest.raises(config.ConfigError, match="probes.deep"):
         config.resolve({}, environ={"STALLSCOPE_DEEP": "maybe"})
 
 
 def test_deep_in_a_file_must_be_a_boolean(tmp_path):
     f = tmp_path / "s.toml"
     f.write_text('[probes]\ndeep = "yes"\n')
-    with pytest.raises(config.ConfigError, match="expected true or false"):
+    with pytest.raises(config.ConfigError, match="probes.deep"):
         config.resolve({}, config_file=str(f), environ={})
     f.write_text("[probes]\ndeep = true\n")
     assert config.resolve({}, config_file=str(f), environ={})["probes.deep"] is True

@@ -52,7 +52,7 @@ def test_real_sampling_runs():
         pytest.skip("no /proc/stat")
     assert ProcStealProbe.unavailable(ProbeSettings()) is None
     sink = CollectSink()
-    p = ProcStealProbe(ProbeSettings(extra={"steal_poll_ms": 10}))
+    p = ProcStealProbe(ProbeSettings(steal_poll_ms=10))
     p.start(sink)
     try:
         deadline = time.monotonic() + 10

@@ -10,6 +10,7 @@ being written) and with a live one.
 """
 
 import gc
+import inspect
 import weakref
 
 import pytest
@@ -174,3 +175,88 @@ def test_attach_rejects_bad_specs_at_setup():
     with pytest.raises(AttributeError):
         p.attach(engine, "executor.nope", kind="x")
     p.close()
+
+
+def _drive(value):
+    """Run a coroutine that never suspends, without an event loop."""
+    if inspect.iscoroutine(value):
+        try:
+            value.send(None)
+        except StopIteration as stop:
+            return stop.value
+        raise AssertionError("suspended")
+    return value
+
+
+class _Shapes:
+    """One method of each shape, called every way that binds (no suspension
+    in the async one, so it is driven without an event loop)."""
+
+    def pos(self, bp, bootstrapping):
+        return bp
+
+    def defaults(self, a, b=[], c=None):  # noqa: B006 (the shape under test)
+        return b
+
+    def kwonly(self, a, *, k, j={}):  # noqa: B006
+        return j
+
+    def posonly(self, a, b=(), /, c=0):
+        return c
+
+    def varargs(self, a, *args, **kw):
+        return a
+
+    @staticmethod
+    def static(a, b=None):
+        return a
+
+    @classmethod
+    def klass(cls, a, *, k=1):
+        return k
+
+    async def coro(self, a, b=None, *, k=0):
+        return a
+
+
+_SHAPE_CALLS = [
+    ("pos", (1,), {"bootstrapping": True}),
+    ("pos", (), {"bp": 1, "bootstrapping": 2}),
+    ("defaults", (1,), {}),
+    ("defaults", (1,), {"c": 2}),
+    ("kwonly", (1,), {"k": 2}),
+    ("posonly", (1,), {"c": 2}),
+    ("varargs", (1, 2), {"x": 3}),
+    ("static", (1,), {"b": 2}),
+    ("klass", (1,), {"k": 2}),
+    ("coro", (1,), {"k": 2}),
+]
+
+
+@pytest.mark.parametrize("name, args, kwargs", _SHAPE_CALLS)
+def test_every_shape_adds_zero_net_tracked_objects(probe, gc_off, name, args, kwargs):
+    def count_delta(obj, n):
+        method = getattr(obj, name)
+        for _ in range(50):
+            _drive(method(*args, **kwargs))
+        before = gc.get_count()[0]
+        for _ in range(n):
+            _drive(method(*args, **kwargs))
+        return gc.get_count()[0] - before
+
+    plain_cls = type("Plain", (_Shapes,), {})
+    traced_cls = type("Traced", (_Shapes,), {})
+    plain = count_delta(plain_cls(), 3000)
+    probe.attach(traced_cls, name, kind="shape", batch="arg0")
+    traced = count_delta(traced_cls(), 3000)
+    assert traced == plain
+    gc.collect()
+    obj = traced_cls()
+    ref = weakref.ref(obj)
+    probe.attach(obj, name, kind="instance")
+    for _ in range(100):
+        _drive(getattr(obj, name)(*args, **kwargs))
+    del obj
+    assert ref() is None  # died by reference counting: no cycle through the wrapper
+    assert probe.errors == 0
+    assert probe.stats()["next_seq"] >= 3000 + 100

@@ -68,10 +68,9 @@ class BccTracepointProbe(Probe):
 
     def __init__(self, settings=None):
         super().__init__(settings)
-        extra = self.settings.extra
-        self.ring_pages = int(extra.get(f"{self.name}_ring_pages", 256))
-        self.poll_s = float(extra.get(f"{self.name}_poll_ms", 20)) / 1000.0
-        self.max_tgids = int(extra.get("sched_max_tgids", 4096))
+        self.ring_pages = int(self.settings.kernel_ring_pages)
+        self.poll_s = self.settings.kernel_poll_ms / 1000.0
+        self.max_tgids = int(self.settings.sched_max_tgids)
         self._bpf = None
         self._ring = None
         self._counters = None
@@ -109,7 +108,7 @@ class BccTracepointProbe(Probe):
             return
         pages = self.ring_pages
         if pages & (pages - 1):
-            raise ValueError(f"{self.name}_ring_pages must be a power of two, not {pages}")
+            raise ValueError(f"kernel_ring_pages must be a power of two, not {pages}")
         flags = [f"-DRINGBUF_PAGES={pages}", f"-DMAX_TGIDS={self.max_tgids}", *self.cflags()]
         self._bpf = bpf_common.compile_program(self.source, flags)
         try:

@@ -63,16 +63,15 @@ class BccFaultsProbe(BccTracepointProbe):
     record_fields = ("start_ns", "end_ns", "pid", "tid", "count")
     loss_reasons = {
         "reserve_failed": "page-fault ring buffer full: fault counts dropped "
-        "(raise page_faults_ring_pages)",
+        "(raise kernel_ring_pages)",
         "aggs_full": "page-fault aggregate map full: faults of some threads not "
-        "counted (fewer tracked threads, or raise page_faults_max_tids)",
+        "counted (raise kernel_max_tids)",
     }
 
     def __init__(self, settings=None):
         super().__init__(settings)
-        extra = self.settings.extra
-        self.flush_ns = int(float(extra.get("page_faults_flush_ms", 20)) * 1e6)
-        self.max_tids = int(extra.get("page_faults_max_tids", 16384))
+        self.flush_ns = int(self.settings.page_faults_flush_ms * 1e6)
+        self.max_tids = int(self.settings.kernel_max_tids)
         self.sweep_s = max(self.poll_s, 0.1)
         self._last_sweep = 0.0
         self.cost_ns = None  # calibrated ns per fault

@@ -35,7 +35,7 @@ class BccIrqProbe(BccTracepointProbe):
     )
     record_fields = ("start_ns", "end_ns", "pid", "tid", "vec", "cpu", "kind")
     loss_reasons = {
-        "reserve_failed": "IRQ ring buffer full: IRQ intervals dropped (raise irq_ring_pages)",
+        "reserve_failed": "IRQ ring buffer full: IRQ intervals dropped (raise kernel_ring_pages)",
     }
 
     def _emit(self, recs):

@@ -57,7 +57,7 @@ class ProcStealProbe(Probe):
     def __init__(self, settings=None):
         super().__init__(settings)
         self.proc_root = self.settings.proc_root
-        self.poll_s = float(self.settings.extra.get("steal_poll_ms", 100)) / 1000.0
+        self.poll_s = self.settings.steal_poll_ms / 1000.0
         self.tick_ns = 1_000_000_000 // os.sysconf("SC_CLK_TCK")
         self._sink = None
         self._last = None  # (ts_ns, {cpu: ticks})

@@ -1,7 +1,7 @@
 """Syscall probe (bcc): time tracked threads spend in system calls, by syscall.
 
 Loads `syscalls_bcc.c` on raw_syscalls:sys_enter/sys_exit, filtered in the
-kernel to tracked tgids. A call of at least `syscalls_threshold_us` becomes
+kernel to tracked tgids. A call of at least `syscall_threshold_us` becomes
 one exact `syscalls` row (count 1); shorter calls are summed per (thread,
 syscall) in the kernel and written as one row per `syscalls_flush_ms` of
 activity (count, total_ns over [first entry, last exit]). Attaching these
@@ -40,23 +40,29 @@ class BccSyscallsProbe(BccTracepointProbe):
     record_fields = ("start_ns", "end_ns", "total_ns", "pid", "tid", "nr", "count")
     loss_reasons = {
         "reserve_failed": "syscall ring buffer full: syscall rows dropped "
-        "(raise syscalls_ring_pages or syscalls_threshold_us)",
-        "aggs_full": "syscall aggregate map full: short syscalls not counted",
-        "inflight_full": "syscall in-flight map full: syscalls not timed",
+        "(raise kernel_ring_pages or syscall_threshold_us)",
+        "aggs_full": "syscall aggregate map full: short syscalls not counted "
+        "(raise kernel_max_tids)",
+        "inflight_full": "syscall in-flight map full: syscalls not timed (raise kernel_max_tids)",
     }
     detachable = True
 
     def __init__(self, settings=None):
         super().__init__(settings)
-        extra = self.settings.extra
         self.threshold_ns = int(float(self.settings.syscall_threshold_us) * 1000)
-        self.flush_ns = int(float(extra.get("syscalls_flush_ms", 20)) * 1e6)
+        self.flush_ns = int(self.settings.syscalls_flush_ms * 1e6)
         self.sweep_s = max(self.poll_s, 0.1)
         self._last_sweep = 0.0
         self._names = syscall_names()
 
     def cflags(self):
-        return [f"-DTHRESHOLD_NS={self.threshold_ns}", f"-DFLUSH_NS={self.flush_ns}"]
+        n = int(self.settings.kernel_max_tids)
+        return [
+            f"-DTHRESHOLD_NS={self.threshold_ns}",
+            f"-DFLUSH_NS={self.flush_ns}",
+            f"-DMAX_TIDS={n}",
+            f"-DMAX_AGGS={n}",
+        ]
 
     def detach(self):
         super().detach()
