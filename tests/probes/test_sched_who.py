@@ -14,6 +14,7 @@ from sched_harness import CollectSink, Workload, spawn_fifo, window
 
 from conftest import require_privileged
 from stallscope.probes.sched_bcc import BccSchedProbe
+from stallscope.probes.bpf_common import decode_comm
 from stallscope.probes.sched_resolve import TgidResolver
 
 
@@ -132,3 +133,11 @@ def test_resolver_reads_tgid_from_proc(tmp_path):
     assert r.tgid(77) == 70 and r.lookups == 2
     # the real /proc: this thread's tgid is our pid
     assert TgidResolver().tgid(threading.get_native_id()) == os.getpid()
+
+
+def test_comm_columns_decode_once_per_value():
+    values = np.array([b"python", b"kworker/0:1", b"python", b"", b"stall-waker"], dtype="S16")
+    a, b = decode_comm(values, np.array([1, 1, 0, 1, 1], bool), np.array([0, 1, 1, 0, 0], bool))
+    assert a.to_pylist() == ["python", "kworker/0:1", None, "", "stall-waker"]
+    assert b.to_pylist() == [None, "kworker/0:1", "python", None, None]
+    assert decode_comm(values[:0], np.array([], bool))[0].to_pylist() == []

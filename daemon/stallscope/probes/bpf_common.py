@@ -267,27 +267,28 @@ def program_stats(bpf):
     return out
 
 
-def decode_comm(values, valid):
-    """A pyarrow string column (dictionary-encoded) from an 'S16' column,
-    NULL where not `valid`. comm values repeat a lot, so each distinct one
-    is decoded once: rows are grouped by a 64-bit mix of their 16 bytes,
-    checked byte for byte (a collision falls back to decoding every row)."""
+def decode_comm(values, *valids):
+    """One pyarrow string column (dictionary-encoded) per mask in `valids`
+    from an 'S16' column, NULL where the mask is false. comm values repeat a
+    lot, so each distinct one is decoded once: rows are grouped by a 64-bit
+    mix of their 16 bytes, checked byte for byte (a collision falls back to
+    decoding every row)."""
     import pyarrow as pa
 
     values = np.ascontiguousarray(values, dtype="S16")
-    mask = pa.array(~np.asarray(valid, dtype=bool))
+    masks = [~np.asarray(v, dtype=bool) for v in valids]
     if len(values) == 0:
-        return pa.array([], type=pa.string())
+        return [pa.array([], type=pa.string()) for _ in masks]
     words = values.view("<u8").reshape(-1, 2)
     with np.errstate(over="ignore"):
         key = (words[:, 0] * np.uint64(0x9E3779B97F4A7C15)) ^ words[:, 1]
     _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
     if not (words == words[first][inverse]).all():
         text = np.char.decode(values, "utf-8", "replace")
-        return pa.array(text, mask=~np.asarray(valid, dtype=bool))
+        return [pa.array(text, mask=m) for m in masks]
     names = pa.array([v.decode("utf-8", "replace") for v in values[first].tolist()], pa.string())
-    indices = pa.array(inverse.astype(np.int32).ravel(), mask=mask.to_numpy(zero_copy_only=False))
-    return pa.DictionaryArray.from_arrays(indices, names)
+    inverse = inverse.astype(np.int32).ravel()
+    return [pa.DictionaryArray.from_arrays(pa.array(inverse, mask=m), names) for m in masks]
 
 
 def nullable(values, valid, dtype):

@@ -66,13 +66,14 @@ def who_columns(off, resolver):
         pids = np.where(pre, resolver.fill(tids * pre, pids * pre), pids)
     wake = ~preempted & named
     blocked = ~preempted
+    pre_comm, wake_comm = decode_comm(off["other_comm"], pre, wake)
     return {
         "preemptor_pid": nullable(pids, pre & (pids != 0), np.int32),
         "preemptor_tid": nullable(tids, pre, np.int32),
-        "preemptor_comm": decode_comm(off["other_comm"], pre),
+        "preemptor_comm": pre_comm,
         "waker_pid": nullable(pids, wake, np.int32),
         "waker_tid": nullable(tids, wake, np.int32),
-        "waker_comm": decode_comm(off["other_comm"], wake),
+        "waker_comm": wake_comm,
         # known only where a wakeup was seen: by a thread (false) or not (true)
         "waker_irq": nullable(irq, blocked & (irq | named), bool),
         # the blocked part ends when the thread became runnable (sched_wakeup,
