@@ -13,8 +13,8 @@ import pytest
 from sched_harness import CollectSink, Workload, spawn_fifo, window
 
 from conftest import require_privileged
-from stallscope.probes.sched_bcc import BccSchedProbe
 from stallscope.probes.bpf_common import decode_comm
+from stallscope.probes.sched_bcc import BccSchedProbe
 from stallscope.probes.sched_resolve import TgidResolver
 
 
