@@ -65,13 +65,18 @@ class Ingest(RunRegistry, RecordDecoder):
         on_track=None,
         on_untrack=None,
         socket_group=None,
+        on_run_end=None,
     ):
         self.store = store
         self.socket_path = socket_path
         self.host = host or socket.gethostname()
         self.allowed_uids = set(allowed_uids) if allowed_uids else None
-        self.on_track = on_track or (lambda pid: None)
+        # on_track(pid, run_id) for every run (re)connected, on_run_end(run_id)
+        # for every run whose connection closed, on_untrack(pid) once no
+        # connection of the process is left.
+        self.on_track = on_track or (lambda pid, run_id=None: None)
         self.on_untrack = on_untrack or (lambda pid: None)
+        self.on_run_end = on_run_end or (lambda run_id: None)
         self.selector = selectors.DefaultSelector()
         self.conns = {}  # fd -> Connection
         self.runs = {}  # run_id -> RunState (what decode_pending walks)
@@ -274,6 +279,7 @@ class Ingest(RunRegistry, RecordDecoder):
             self.store.sql(
                 "UPDATE runs SET ended_ns = ? WHERE run_id = ?", [time.monotonic_ns(), run.run_id]
             )
+        self.on_run_end(run.run_id)
         if not any(c.pid == conn.pid for c in self.conns.values()):
             self.on_untrack(conn.pid)
         log.info("run %d: pid %d disconnected", run.run_id, conn.pid)

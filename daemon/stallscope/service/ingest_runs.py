@@ -82,7 +82,7 @@ class RunRegistry:
             conn.uid,
             info.get("label") or "no label",
         )
-        self.on_track(conn.pid)
+        self.on_track(conn.pid, run.run_id)
         return None
 
     def _known_run(self, token, pid):
