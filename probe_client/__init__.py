@@ -22,7 +22,9 @@ from ._wrap import AttachError
 __all__ = ["connect", "Probe", "AttachError", "ExprError", "DEFAULT_SOCKET", "SOCKET_ENV"]
 
 
-def connect(socket_path=None, run_label=None, gc=True):
+def connect(socket_path=None, run_label=None, gc=True, close_wait_ms=None):
     """Start a run: socket_path defaults to $STALLSCOPE_SOCKET, else
-    /run/stallscope/probe.sock; gc=True records every collection."""
-    return Probe(socket_path=socket_path, run_label=run_label, gc=gc)
+    /run/stallscope/probe.sock; gc=True records every collection;
+    close_wait_ms bounds close()'s (and exit's) wait for socket space
+    (default $STALLSCOPE_CLOSE_WAIT_MS, else 100; 0 disables)."""
+    return Probe(socket_path=socket_path, run_label=run_label, gc=gc, close_wait_ms=close_wait_ms)

@@ -16,7 +16,6 @@ writes and the GC callback; `_transport.py` the buffer and the socket,
 
 import gc as _gc
 import os
-import socket
 import threading
 import weakref
 
@@ -24,7 +23,6 @@ from . import _codegen, _wrap, wire
 from ._transport import (
     FLUSH_INTERVAL_NS,
     FULL_AT,
-    GC_RING_SLOTS,
     MOSTLY_FULL_AT,
     Transport,
     _live_probes,
@@ -72,11 +70,11 @@ class _ThreadState:
 class Probe(Transport):
     """One run of one process, as seen by the daemon. Create with `connect()`."""
 
-    def __init__(self, socket_path=None, run_label=None, gc=True):
+    def __init__(self, socket_path=None, run_label=None, gc=True, close_wait_ms=None):
         self.socket_path = socket_path or os.environ.get(SOCKET_ENV) or DEFAULT_SOCKET
         self.run_label = run_label or ""
         self._want_gc = bool(gc)
-        self._init_buffers()
+        self._init_buffers(close_wait_ms)
         self._ids = {}  # name (or enum) -> string id; kinds and stages
         self._names = []  # string id - 1 -> encoded name
         self._attached = []  # (owner, name, had_own, previous) for detach
@@ -196,10 +194,17 @@ class Probe(Transport):
             self.errors += 1
 
     def close(self):
-        """Flush, say goodbye, detach every wrapper and the GC callback."""
+        """Flush, say goodbye, detach every wrapper and the GC callback.
+
+        Waits at most `close_wait_ms` (default 100 ms, $STALLSCOPE_CLOSE_WAIT_MS,
+        0: no wait) for socket space so the last records and the BYE land."""
         if self._closed:
             return
         self._closed = True
+        try:
+            _gc.callbacks.remove(self._on_gc)  # first: nothing after close is recorded
+        except ValueError:
+            pass
         for owner, name, had_own, previous in reversed(self._attached):
             if isinstance(owner, weakref.ref):
                 owner = owner()
@@ -214,22 +219,9 @@ class Probe(Transport):
                 pass
         self._attached.clear()
         try:
-            _gc.callbacks.remove(self._on_gc)
-        except ValueError:
-            pass
-        with self._lock:
-            self._drain_gc_locked()
-            self._send_locked(_monotonic_ns())
-            if self._sock is not None:
-                try:
-                    self._sock.send(
-                        self._header(wire.DGRAM_BYE, 0, _monotonic_ns()),
-                        socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL,
-                    )
-                except OSError:
-                    pass
-                self._disconnect()
-        _live_probes.discard(self)
+            self._close_transport()
+        finally:
+            _live_probes.discard(self)
 
     @property
     def connected(self):
@@ -242,7 +234,8 @@ class Probe(Transport):
             "drops_full": self.drops_full,
             "drops_disconnected": self.drops_disconnected,
             "errors": self.errors,
-            "next_seq": self._seq + (self._pos - _HDR) // _RS,
+            "drops_gc_ring": self.drops_gc_ring,
+            "next_seq": self._seq + ((self._pos - _HDR) >> 5) - self._seqless,
             "connected": self.connected,
             "run_token": self.run_token,
         }
@@ -266,12 +259,18 @@ class Probe(Transport):
                 return
             t1 = _monotonic_ns()
             w = self._gc_w
-            if w - self._gc_r >= GC_RING_SLOTS:
-                self._gc_lost += 1
-                return
+            if w - self._gc_r >= self._gc_slots:
+                if self._lock.acquire(False):  # never waits: a thread may hold it
+                    try:
+                        self._drain_gc_locked(send=False)
+                    finally:
+                        self._lock.release()
+                if w - self._gc_r >= self._gc_slots:
+                    self._gc_lost += 1
+                    return
             _pack_record(
                 self._gc_buf,
-                (w % GC_RING_SLOTS) * _RS,
+                (w % self._gc_slots) * _RS,
                 _REC_GC,
                 info["generation"],
                 0,
@@ -282,6 +281,14 @@ class Probe(Transport):
                 min(info["uncollectable"], _U32),
             )
             self._gc_w = w + 1
+            if w + 1 - self._gc_r >= self._gc_half and self._lock.acquire(False):
+                # A burst with no flush in sight (a big heap built between
+                # steps): move the ring into the buffer now, on this
+                # callback's own schedule; never waits for the lock, never sends.
+                try:
+                    self._drain_gc_locked(send=False)
+                finally:
+                    self._lock.release()
         except Exception:
             self.errors += 1
 

@@ -344,13 +344,15 @@ class Store:
             pass
 
     def _write(self, cur, statements, merged):
+        # Rows first, then statements: an UPDATE of a row appended in the
+        # same flush (a run ingest started since the last one) finds it.
         cur.execute("BEGIN TRANSACTION")
-        for statement, params in statements:
-            cur.execute(statement, params or [])
         rows = 0
         for table, data in merged.items():
             self._insert(cur, table, data)
             rows += data.num_rows
+        for statement, params in statements:
+            cur.execute(statement, params or [])
         cur.execute("COMMIT")
         return rows
 
@@ -367,9 +369,8 @@ class Store:
         the disk refused are kept for the next flush."""
         rows = 0
         keep_statements, keep_tables = [], {}
-        parts = [("statements", statements, None)] + [
-            (table, None, data) for table, data in merged.items()
-        ]
+        parts = [(table, None, data) for table, data in merged.items()]
+        parts.append(("statements", statements, None))
         for name, stmts, data in parts:
             try:
                 cur.execute("BEGIN TRANSACTION")
