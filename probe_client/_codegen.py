@@ -48,7 +48,7 @@ def {p}make({p}p, {p}target, {p}owner, {p}self, {p}kid, {p}true_name, {p}sid, {p
                     {p}pack({p}buf, {p}pos, {rtype}, {p}st.depth, {p}kid, {p}st.tid, {p}t0, {p}t1,
                            {p}st.stage_id, {p}st.batch)
                     if {p}st.ext:
-                        {p}p._put_ext_locked({p}pos + {rs}, {p}st)
+                        {p}p._put_ext_locked({p}pos + {rs}, {p}st.work, {p}st.idle)
                     else:
                         {p}p._pos = {p}pos + {rs}
                 finally:

@@ -39,6 +39,7 @@ _REC_GC = wire.REC_GC
 _HDR = wire.HEADER_SIZE
 _RS = wire.RECORD_SIZE
 _U32 = wire.U32_MAX
+_I64 = 1 << 63
 
 # Numbers and functions the generated wrappers are compiled with.
 _CONSTS = {
@@ -93,9 +94,12 @@ class Probe(Transport):
         """Start of a span: CLOCK_MONOTONIC nanoseconds, to pass to `end()`."""
         return _monotonic_ns()
 
-    def end(self, kind, t0, stage=None, batch=None):
+    def end(self, kind, t0, stage=None, batch=None, work=None, idle=None):
         """Record the span `kind` from `t0` to now; never raises.
 
+        `stage`, `batch`, `work` (an integer work measure) and `idle` (a
+        bool) label this span; left out, stage and batch are the thread's
+        current ones (set by attached methods), and work and idle too.
         Outside any attached method or `span()` block this is an outermost
         span end: the buffer is sent if it is older than 20 ms or 3/4 full."""
         try:
@@ -110,6 +114,14 @@ class Probe(Transport):
             sid = st.stage_id if stage is None else self._sid(stage)
             if batch is None:
                 batch = st.batch
+            if work is None:
+                work = st.work
+            elif not -_I64 <= work < _I64:
+                work = None
+            if idle is None:
+                idle = st.idle
+            else:
+                idle = bool(idle)
             self._lock.acquire()
             try:
                 pos = self._pos
@@ -119,22 +131,29 @@ class Probe(Transport):
                 _pack_record(
                     self._buf, pos, _REC_SPAN, st.depth, kid, st.tid, t0, t1, sid, batch & _U32
                 )
-                self._pos = pos + _RS
+                if work is None and idle is None:
+                    self._pos = pos + _RS
+                else:
+                    self._put_ext_locked(pos + _RS, work, idle)
             finally:
                 self._lock.release()
             if st.depth == 0:
                 st.stage_id = 0
                 st.batch = 0
+                if st.ext:
+                    st.ext = 0
+                    st.work = None
+                    st.idle = None
                 if t1 - self._last_send_ns >= FLUSH_INTERVAL_NS or self._pos >= MOSTLY_FULL_AT:
                     self._flush(t1)
         except Exception:
             self.errors += 1
 
-    def span(self, kind, stage=None, batch=None):
+    def span(self, kind, stage=None, batch=None, work=None, idle=None):
         """Context manager around a block: `with probe.span("prefill", batch=3):`."""
-        return _Span(self, kind, stage, batch)
+        return _Span(self, kind, stage, batch, work, idle)
 
-    def attach(self, target, path, kind, stage=None, batch=None):
+    def attach(self, target, path, kind, stage=None, batch=None, work=None, idle=None):
         """Wrap the method `path` (dotted, relative to `target`) in place.
 
         `target` may be an instance (only that object's calls are timed) or a
@@ -164,7 +183,7 @@ class Probe(Transport):
             plan = _wrap.plan_class(owner, name)
         else:
             plan = _wrap.plan_instance(owner, name, path)
-        exprs = {"stage": stage, "batch": batch}
+        exprs = {"stage": stage, "batch": batch, "work": work, "idle": idle}
         wrapper = _codegen.build(self, plan, self._intern(kind), exprs, _CONSTS)
         wrapper.__stallscope_kind__ = kind
         if plan.store == "static":
@@ -321,13 +340,15 @@ class Probe(Transport):
 
 
 class _Span:
-    __slots__ = ("probe", "kind", "stage", "batch", "t0")
+    __slots__ = ("probe", "kind", "stage", "batch", "work", "idle", "t0")
 
-    def __init__(self, probe, kind, stage, batch):
+    def __init__(self, probe, kind, stage, batch, work, idle):
         self.probe = probe
         self.kind = kind
         self.stage = stage
         self.batch = batch
+        self.work = work
+        self.idle = idle
 
     def __enter__(self):
         probe = self.probe
@@ -341,5 +362,5 @@ class _Span:
 
     def __exit__(self, *exc):
         self.probe._local.st.depth -= 1
-        self.probe.end(self.kind, self.t0, self.stage, self.batch)
+        self.probe.end(self.kind, self.t0, self.stage, self.batch, self.work, self.idle)
         return False

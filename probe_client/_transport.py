@@ -143,15 +143,13 @@ class Transport(Connection):
             self._pos = _HDR + _RS
             self._seqless = 1
 
-    def _put_ext_locked(self, pos, st):
+    def _put_ext_locked(self, pos, work, idle):
         """The SPAN_EXT record after the span at pos - 32 (work, idle)."""
         flags = 0
-        work = st.work
         if work is not None:
             flags = wire.EXT_HAS_WORK
         else:
             work = 0
-        idle = st.idle
         if idle is not None:
             flags |= wire.EXT_HAS_IDLE | (wire.EXT_IDLE if idle else 0)
         _pack_ext(self._buf, pos, _REC_SPAN_EXT, flags, 0, 0, work, 0, 0, 0)
