@@ -9,10 +9,13 @@ Usage::
                  stage="result.phase", batch="len(result.requests)")
     probe.attach(engine, "executor.submit", kind="submit")
     probe.attach(Ticket, "collect", kind="collect")   # a class: every ticket
+    probe.attach(engine, "_loop_body", kind="step", work="arg0.num_tokens",
+                 idle="len(arg0.requests) == 0")
 
 `connect()` never raises because the daemon is absent, and nothing the probe
 does on the engine's hot path raises, blocks, or leaves garbage behind (see
-`_probe.py`). Standard library only.
+`_probe.py`); `attach()` raises `AttachError` or `ExprError`, at set-up, for
+what it cannot wrap safely. Standard library only.
 """
 
 from ._expr import ExprError

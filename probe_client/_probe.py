@@ -116,8 +116,10 @@ class Probe(Transport):
                 batch = st.batch
             if work is None:
                 work = st.work
-            elif not -_I64 <= work < _I64:
-                work = None
+            else:
+                work = int(work)
+                if not -_I64 <= work < _I64:
+                    work = None
             if idle is None:
                 idle = st.idle
             else:

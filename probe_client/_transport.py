@@ -1,13 +1,15 @@
-"""The probe's transport: the record buffer, the GC ring, the socket and its sends.
+"""The probe's transport: the record buffer, the GC ring, the sends and close.
 
 `Transport` is the base of `Probe`: it owns the preallocated datagram buffer
 (records are packed into it under one lock), the single-producer GC ring,
-the connection to the daemon (HELLO, names, RECORDS, BYE), reconnection at
-most once a second, the background flusher thread and the fork and exit
-hooks. A send is one non-blocking syscall on a memoryview made in advance:
-a full socket or an absent daemon is a counted drop and a gap in the
-sequence numbers, never a wait and never an exception into the engine.
-Standard library only; nothing here allocates a tracked object per record.
+the sends of RECORDS (sequence numbers, drops, the COUNTERS record after a
+GC ring overflow), the bounded wait for socket space at close and the BYE,
+the background flusher thread and the fork and exit hooks; `_connection.py`
+(its base) connects and sends HELLO and names. A send is one non-blocking
+syscall on a memoryview made in advance: a full socket or an absent daemon
+is a counted drop and a gap in the sequence numbers, never a wait (except
+close()'s bounded one) and never an exception into the engine. Standard
+library only; nothing here allocates a tracked object per record.
 """
 
 import atexit
