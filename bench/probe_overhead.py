@@ -236,8 +236,13 @@ def main():
     arms = {k: arms[k] for k in order}
     results = {k: [] for k in arms}
     collections = {k: [0, 0, 0] for k in arms}
-    for _round in range(a.rounds):
-        for name, engine in arms.items():
+    swapped = list(arms)
+    if "base" in arms:  # every other round, probe and base trade places
+        i, j = swapped.index("probe"), swapped.index("base")
+        swapped[i], swapped[j] = swapped[j], swapped[i]
+    for round_no in range(a.rounds):
+        for name in swapped if round_no % 2 else list(arms):
+            engine = arms[name]
             before = [s["collections"] for s in gc.get_stats()]
             results[name].append(time_steps(engine, a.steps, int(a.period_us * 1000)))
             after = [s["collections"] for s in gc.get_stats()]

@@ -45,7 +45,10 @@ _U32 = wire.U32_MAX
 FULL_AT = wire.DATAGRAM_MAX - _RS  # a write needs room for a span and its SPAN_EXT
 MOSTLY_FULL_AT = wire.HEADER_SIZE + (wire.MAX_RECORDS * 3 // 4) * wire.RECORD_SIZE
 
-_live_probes = weakref.WeakSet()
+# Every open probe, held until close(): one dropped without close() still
+# sends its last records and its BYE from the exit hook (with gc=True the GC
+# callback held it anyway).
+_live_probes = set()
 
 
 class Transport(Connection):

@@ -8,6 +8,7 @@ JSON line: the probe's stats and its pid. Usage:
 python tailclient.py SOCKET STEPS DURATION_S [--wait-for FILE]
 [--mark FRACTION FILE] (touch FILE once FRACTION of the steps are made)
 [--closing FILE] (touch FILE right before close())
+[--exit] (return without close(): the exit hook closes)
 """
 
 import json
@@ -47,6 +48,15 @@ def main(argv):
         due = t0 + (i + 1) * per_step_s
         while time.monotonic() < due:
             pass  # busy, as an engine step is
+    if "--exit" in argv:
+        # No close(): the exit hook closes, with the same bounded wait. The
+        # stats are final already (closing makes no record).
+        stats = probe.stats()
+        stats.update(pid=os.getpid())
+        print(json.dumps(stats), flush=True)
+        if closing:
+            open(closing, "w").close()
+        return
     if closing:
         open(closing, "w").close()
     probe.close()

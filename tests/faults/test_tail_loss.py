@@ -81,7 +81,8 @@ def test_flood_and_good_client_reconcile_exactly_tail_included(tmp_path, figures
     )
 
 
-def test_daemon_paused_at_client_exit_tail_is_stored_or_reported(tmp_path, figures):
+@pytest.mark.parametrize("how", ["close", "exit"])
+def test_daemon_paused_at_client_exit_tail_is_stored_or_reported(tmp_path, figures, how):
     """The daemon stops reading (SIGSTOP) for the last part of a client's run
     and until after the client began to close: the client's socket fills,
     its final records wait in close(), and the BYE lands once the daemon
@@ -92,7 +93,8 @@ def test_daemon_paused_at_client_exit_tail_is_stored_or_reported(tmp_path, figur
     try:
         good = subprocess.Popen(
             [sys.executable, TAIL, d.socket, "5000", "1.5", "--mark", "0.5", mark]
-            + ["--closing", closing],
+            + ["--closing", closing]
+            + (["--exit"] if how == "exit" else []),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -118,4 +120,4 @@ def test_daemon_paused_at_client_exit_tail_is_stored_or_reported(tmp_path, figur
     assert g["made"] == 3 * 5000
     assert g["drops_full"] > 0, g  # the pause did fill the socket
     assert g["stored"] + g["lost"] == g["made"], g
-    figures.update(made=g["made"], stored=g["stored"], reported_lost=g["lost"])
+    figures.update(how=how, made=g["made"], stored=g["stored"], reported_lost=g["lost"])
