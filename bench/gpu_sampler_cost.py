@@ -39,6 +39,9 @@ class NullSink:
     def loss(self, *args):
         pass
 
+    def status(self, *args):
+        pass
+
 
 def per_call_us(fn, n):
     t0 = time.perf_counter_ns()
@@ -56,7 +59,7 @@ def main():
     fake1 = fake_nvml.FakeNvml(gpus=1)
     fake8 = fake_nvml.FakeNvml(gpus=8)
     fake_nvml.install(fake1)
-    p1 = NvmlGpuProbe(ProbeSettings(extra={"gpu_buffers": False}))
+    p1 = NvmlGpuProbe(ProbeSettings(gpu_buffers=False))
     p1.open(NullSink())
     pb = NvmlGpuProbe(ProbeSettings())
     pb.open(NullSink())
@@ -87,7 +90,7 @@ def main():
             if k == "poll_1gpu":
                 p1._rows = {c: [] for c in p1._rows}
         fake_nvml.install(fake8)
-        p8 = NvmlGpuProbe(ProbeSettings(extra={"gpu_buffers": False}))
+        p8 = NvmlGpuProbe(ProbeSettings(gpu_buffers=False))
         p8.open(NullSink())
         res["poll_8gpu_per_gpu"].append(per_call_us(p8.poll, 500) / 8)
     print(f"rounds {args.rounds}; median per call, microseconds (CPU side, fake driver):")

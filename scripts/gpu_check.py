@@ -179,10 +179,13 @@ class CountSink:
     def loss(self, probe, start_ns, end_ns, count, reason):
         self.losses.append((probe, start_ns, end_ns, count, reason))
 
+    def status(self, probe, backend, state, detail):
+        self.rows["probe_status"] = self.rows.get("probe_status", 0) + 1
+
 
 def calibration(gpu_nvml, ProbeSettings, seconds):
     sink = CountSink()
-    probe = gpu_nvml.NvmlGpuProbe(ProbeSettings(extra={"gpu_sync_s": 1e9}))
+    probe = gpu_nvml.NvmlGpuProbe(ProbeSettings(gpu_sync_s=1e9))
     probe.open(sink)
     t_end = time.monotonic() + seconds
     k = 0
@@ -221,7 +224,7 @@ def calibration(gpu_nvml, ProbeSettings, seconds):
 
 def poll_rates(gpu_nvml, ProbeSettings, flat_s, default_s):
     sink = CountSink()
-    probe = gpu_nvml.NvmlGpuProbe(ProbeSettings(extra={"gpu_buffers": False}))
+    probe = gpu_nvml.NvmlGpuProbe(ProbeSettings(gpu_buffers=False))
     probe.open(sink)
     lat = []
     t_end = time.monotonic() + flat_s

@@ -39,8 +39,8 @@ def store(tmp_path):
     s.close()
 
 
-def make_probe(store, **extra):
-    probe = gpu_nvml.NvmlGpuProbe(ProbeSettings(extra=extra))
+def make_probe(store, **settings):
+    probe = gpu_nvml.NvmlGpuProbe(ProbeSettings(**settings))
     probe.open(StoreSink(store))
     return probe
 

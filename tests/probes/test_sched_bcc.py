@@ -90,7 +90,7 @@ def test_ring_overflow_is_counted_as_loss():
     reason = BccSchedProbe.unavailable()
     require_privileged(reason is None, f"requires root and bcc: {reason}")
     sink = CollectSink()
-    p = BccSchedProbe(ProbeSettings(extra={"sched_ring_pages": 1, "sched_poll_ms": 60000}))
+    p = BccSchedProbe(ProbeSettings(sched_ring_pages=1, sched_poll_ms=60000))
     p.start(sink)
     w = Workload()
     try:

@@ -8,10 +8,7 @@ by label. It only reads the database.
 """
 
 from stallscope.analysis.formatting import format_table
-
-
-class RunNotFound(ValueError):
-    """A run named on the command line is not in the database."""
+from stallscope.errors import RunNotFound
 
 
 def resolve_run(con, run):

@@ -13,7 +13,10 @@ import sys
 import tempfile
 import time
 
-from stallscope.analysis import summary
+import duckdb
+
+from stallscope.analysis import report, summary
+from stallscope.errors import ServiceError
 
 
 def _wait_for_socket(path, proc, log_path, timeout_s=30.0):
@@ -24,11 +27,11 @@ def _wait_for_socket(path, proc, log_path, timeout_s=30.0):
         if ready and os.path.exists(path):
             return
         if proc.poll() is not None:
-            raise SystemExit(
-                f"error: the daemon exited early (status {proc.returncode}); see its log above"
+            raise ServiceError(
+                f"the daemon exited early (status {proc.returncode}); see its log above"
             )
         time.sleep(0.05)
-    raise SystemExit(f"error: the daemon did not create {path} within {timeout_s:.0f} s")
+    raise ServiceError(f"the daemon did not create {path} within {timeout_s:.0f} s")
 
 
 def run_demo(args):
@@ -94,18 +97,11 @@ def run_demo(args):
             file=sys.stderr,
         )
 
-    import duckdb
-
     con = duckdb.connect(db, read_only=True)
     try:
         print()
         print(summary.build_summary(con))
-        try:
-            from stallscope.analysis import report
-        except ImportError:
-            report = None
-        if report is not None:
-            print(report.build_report(con, out_dir=out_dir))
+        print(report.build_report(con, out_dir=out_dir))
     finally:
         con.close()
     print(

@@ -439,8 +439,8 @@ def run_scenario(
     }
 
 
-def main(argv=None):
-    """`python -m stallscope.scenario SOCKET [options]`: run the engine alone."""
+def build_parser():
+    """The options of `python -m stallscope.demo.scenario` (what `stallscope demo` runs)."""
     import argparse
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -464,6 +464,12 @@ def main(argv=None):
         "(the seed saw ~1.7%% of steps ~3 ms slow inside submit: 0.017:3)",
     )
     p.add_argument("--result", default=None, help="write a JSON summary here")
+    return p
+
+
+def main(argv=None):
+    """`python -m stallscope.demo.scenario SOCKET [options]`: run the engine alone."""
+    p = build_parser()
     a = p.parse_args(argv)
 
     tty = sys.stderr.isatty()

@@ -25,6 +25,7 @@ import time
 from collections import deque
 
 from stallscope.probes.base import Probe, ProbeSettings
+from stallscope.errors import ProbeError
 
 log = logging.getLogger("stallscope.probes.gpu")
 
@@ -192,17 +193,16 @@ class NvmlGpuProbe(Probe):
 
     def __init__(self, settings=None):
         super().__init__(settings or ProbeSettings())
-        extra = self.settings.extra or {}
         hz = float(self.settings.gpu_poll_hz or 10.0)
         if hz > MAX_POLL_HZ:
             log.warning("gpu_poll_hz=%s is above the safe maximum; using %s", hz, MAX_POLL_HZ)
             hz = MAX_POLL_HZ
         self.poll_hz = hz
-        self.buffer_poll_s = float(extra.get("gpu_buffer_poll_s", 1.0))
-        self.sync_s = float(extra.get("gpu_sync_s", 10.0))
-        self.batch_s = float(extra.get("gpu_batch_s", 0.5))
-        self.retry_s = float(extra.get("gpu_retry_s", 1.0))
-        self.read_buffers_enabled = bool(extra.get("gpu_buffers", True))
+        self.buffer_poll_s = self.settings.gpu_buffer_poll_s
+        self.sync_s = self.settings.gpu_sync_s
+        self.batch_s = self.settings.gpu_batch_s
+        self.retry_s = self.settings.gpu_retry_s
+        self.read_buffers_enabled = self.settings.gpu_buffers
         self.nv = None
         self.sink = None
         self.gpus = []
@@ -265,16 +265,16 @@ class NvmlGpuProbe(Probe):
         """Initialise NVML, find the GPUs and calibrate; no thread (tests step it)."""
         nv, problem = _load_bindings()
         if problem:
-            raise RuntimeError(problem)
+            raise ProbeError(problem)
         try:
             nv.nvmlInit()
         except nv.NVMLError as exc:
-            raise RuntimeError(init_problem(nv, exc)) from None
+            raise ProbeError(init_problem(nv, exc)) from None
         self.nv, self.sink = nv, sink
         try:
             count = nv.nvmlDeviceGetCount()
         except nv.NVMLError as exc:
-            raise RuntimeError(
+            raise ProbeError(
                 f"NVML cannot count GPUs ({exc}); the GPU probe is off, the daemon runs on"
             ) from None
         indices = [int(i) for i in (self.settings.gpus or range(count))]
@@ -694,16 +694,7 @@ class NvmlGpuProbe(Probe):
         if self.sink is None:
             return
         log.info("gpu probe %s: %s", state, detail)
-        self.sink.append(
-            "probe_status",
-            {
-                "ts_ns": [time.monotonic_ns()],
-                "probe": [self.name],
-                "backend": [self.backend],
-                "state": [state],
-                "detail": [detail],
-            },
-        )
+        self.sink.status(self.name, self.backend, state, detail)
 
 
 def _raiser(exc):

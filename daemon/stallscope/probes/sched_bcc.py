@@ -114,13 +114,12 @@ class BccSchedProbe(Probe):
 
     def __init__(self, settings=None):
         super().__init__(settings)
-        extra = self.settings.extra
-        self.max_tids = int(extra.get("sched_max_tids", 65536))
-        self.max_tgids = int(extra.get("sched_max_tgids", 4096))
+        self.max_tids = int(self.settings.sched_max_tids)
+        self.max_tgids = int(self.settings.sched_max_tgids)
         # ring size in pages, a power of two; 4 MiB holds ~87k records, i.e.
         # 0.4 s of 200k events/s between two polls.
-        self.ring_pages = int(extra.get("sched_ring_pages", 1024))
-        self.poll_s = float(extra.get("sched_poll_ms", 20)) / 1000.0
+        self.ring_pages = int(self.settings.sched_ring_pages)
+        self.poll_s = self.settings.sched_poll_ms / 1000.0
         self.proc_root = self.settings.proc_root
         self._bpf = None
         self._sink = None
@@ -136,7 +135,7 @@ class BccSchedProbe(Probe):
         self._drains = 0
         self._started_ns = 0
         self._data = None
-        self.verify_s = float(extra.get("sched_verify_ms", 1000)) / 1000.0
+        self.verify_s = self.settings.sched_verify_ms / 1000.0
         self._verify_base = {}  # (pid, tid) -> (proc_vol, proc_inv, bpf_vol, bpf_inv)
         self._unseen = {}  # tid -> [vol, inv] switch-outs the kernel made, we did not see
         self._last_verify = 0.0

@@ -221,9 +221,8 @@ class PerfSchedProbe(Probe):
 
     def __init__(self, settings=None):
         super().__init__(settings)
-        extra = self.settings.extra
-        self.poll_s = float(extra.get("sched_poll_ms", 20)) / 1000.0
-        self.rescan_s = float(extra.get("sched_rescan_ms", 100)) / 1000.0
+        self.poll_s = self.settings.sched_poll_ms / 1000.0
+        self.rescan_s = self.settings.sched_rescan_ms / 1000.0
         self.proc_root = self.settings.proc_root
         self.cpus = _online_cpus()
         self._lock = threading.RLock()

@@ -12,16 +12,14 @@ caller decides what each descriptor is for and checks its type.
 import os
 import socket
 
+from stallscope.errors import ActivationError
+
 SD_LISTEN_FDS_START = 3
 ENV_VARS = ("LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES")
 
 # FileDescriptorName= values the daemon understands (see systemd/stallscope.socket).
 PROBE_FD_NAME = "probe"
 API_FD_NAME = "api"
-
-
-class ActivationError(Exception):
-    """The environment says descriptors were passed, but they are unusable."""
 
 
 def listen_fds(environ=None, unset=True):

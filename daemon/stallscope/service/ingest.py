@@ -20,9 +20,10 @@ import time
 from collections import Counter
 
 from probe_client import wire
+from stallscope.errors import ConfigError, ServiceError
 from stallscope.service.ingest_records import RecordDecoder
 from stallscope.service.ingest_runs import RunRegistry
-from stallscope.service.sockets import prepare_path
+from stallscope.service.sockets import bind_listening, prepare_path
 
 log = logging.getLogger("stallscope.ingest")
 
@@ -120,29 +121,18 @@ class Ingest(RunRegistry, RecordDecoder):
         if listen_fd is not None:
             sock = socket.socket(fileno=listen_fd)
             if sock.type != socket.SOCK_SEQPACKET:
-                raise SystemExit(
-                    f"error: inherited probe socket (fd {listen_fd}) is not "
+                raise ConfigError(
+                    f"inherited probe socket (fd {listen_fd}) is not "
                     "SOCK_SEQPACKET; use ListenSequentialPacket= in the unit"
                 )
             sock.setblocking(False)
             return sock
         if not path:
-            raise SystemExit("error: no probe socket path given (--socket)")
+            raise ConfigError("no probe socket path given (--socket)")
         if not prepare_path(path, socket.SOCK_SEQPACKET):
-            raise SystemExit(f"error: another daemon is listening on {path}")
+            raise ServiceError(f"another daemon is listening on {path}")
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
-        old = os.umask(0o117)
-        try:
-            sock.bind(path)
-        finally:
-            os.umask(old)
-        os.chmod(path, 0o660)
-        if group is not None:
-            try:
-                os.chown(path, -1, group)
-            except OSError as exc:
-                log.warning("could not give %s to group %s: %s", path, group, exc)
-        sock.listen(128)
+        bind_listening(sock, path, backlog=128, mode=0o660, group=group)
         sock.setblocking(False)
         return sock
 
