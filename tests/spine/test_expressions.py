@@ -143,6 +143,9 @@ def test_work_idle_stage_and_bool_values_land_in_spans(daemon):
     p.close()
     assert p.errors == 0
     daemon.stop()
+    # SPAN_EXT records take no sequence number: made = stored, no gap.
+    assert daemon.scalar("SELECT count(*) FROM spans") == p.stats()["next_seq"] == 10
+    assert daemon.scalar("SELECT count(*) FROM losses") == 0
     assert _spans(daemon) == [
         # forward's bool batch: True is 1, False is 0; the step carries it,
         # and step's own stage, work and idle label the step (and, ended
