@@ -137,14 +137,18 @@ def small_fs(tmp_path):
 
 
 def _fill(path):
-    """Take every free byte of the filesystem holding `path`."""
-    with open(path, "wb") as f:
-        try:
-            while True:
-                f.write(b"\0" * (1 << 16))
-                f.flush()
-        except OSError:
-            pass
+    """Take every free byte of the filesystem holding `path`. Unbuffered: a
+    buffered file's close() would flush its last block into the full
+    filesystem and raise ENOSPC itself (seen once on a loaded machine)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    block = b"\0" * (1 << 16)
+    try:
+        while True:
+            os.write(fd, block)
+    except OSError:
+        pass  # ENOSPC: full, as wanted
+    finally:
+        os.close(fd)
 
 
 @pytest.mark.parametrize("bound", ["default", "small"])
