@@ -2,7 +2,7 @@
 
 `COMMANDS` maps each command name to its `Command` (arguments, entry point,
 examples), defined in one module per command group: `cli/daemon.py`,
-`cli/demo.py`, `cli/read.py` (query, report, compare, status), `cli/top.py`.
+`cli/run.py`, `cli/demo.py`, `cli/read.py` (query, report, compare, status), `cli/top.py`.
 This is the one place that turns a `StallscopeError` raised below into
 `error: ...` on stderr and an exit status (2; 130 on Ctrl-C); anything else
 is a bug and keeps its traceback. Command modules import their heavy
@@ -13,12 +13,13 @@ import argparse
 import logging
 import sys
 
-from stallscope.cli import daemon, demo, read, top
+from stallscope.cli import daemon, demo, read, run, top
 from stallscope.errors import StallscopeError
 
 # name -> Command, in --help order.
 COMMANDS = {
     "daemon": daemon.DAEMON,
+    "run": run.RUN,
     "demo": demo.DEMO,
     "query": read.QUERY,
     "report": read.REPORT,

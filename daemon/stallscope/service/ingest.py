@@ -213,6 +213,10 @@ class Ingest(RunRegistry, RecordDecoder):
                         )
                         run.expected_seq = first_seq
             return None
+        if kind == wire.DGRAM_EVENT:
+            if run is None:
+                return self._reject(None, conn.pid, "no_hello")
+            return self._event(run, data, conn.pid)
         if kind != wire.DGRAM_RECORDS:
             return self._reject(run_id, conn.pid, "bad_kind")
         if run is None:

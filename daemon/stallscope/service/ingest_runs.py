@@ -1,20 +1,27 @@
-"""Run bookkeeping for probe ingest: HELLO handling, resuming runs, the `runs` row.
+"""Run bookkeeping for probe ingest: HELLO handling, resuming runs, the `runs` row, run events.
 
 A HELLO starts a run or resumes one (same client token and same kernel pid,
 from memory or, after a daemon restart, from the database) and records the
 process as the kernel sees it (SO_PEERCRED) next to what it claims. Client
 values are bounded before they reach a column: a lie costs a NULL, never a
-failed write. Never trusts a client-supplied pid for tracing.
+failed write. Never trusts a client-supplied pid for tracing. An EVENT
+datagram (a client's word about its own set-up, e.g. an attach spec it
+could not use) becomes a `run_events` row, at most 1,000 per run.
 """
 
 import json
 import logging
 import time
+from collections import Counter
 
 from probe_client import wire
 from stallscope.service.ingest_records import RunState
 
 log = logging.getLogger("stallscope.ingest")
+
+# A client reports its set-up in a few events (one per attach spec); more
+# than this from one run is refused (`too_many_events`), so none can flood.
+MAX_EVENTS_PER_RUN = 1000
 
 
 class RunRegistry:
@@ -83,6 +90,32 @@ class RunRegistry:
             info.get("label") or "no label",
         )
         self.on_track(conn.pid)
+        return None
+
+    def _event(self, run, data, pid):
+        """An EVENT datagram: one `run_events` row (a bad one is `bad_event`)."""
+        try:
+            info = json.loads(data[wire.HEADER_SIZE :].decode("utf-8"))
+            if not isinstance(info, dict):
+                raise ValueError("not an object")
+        except (ValueError, TypeError, OverflowError, RecursionError):
+            return self._reject(run.run_id, pid, "bad_event")
+        counts = self.__dict__.setdefault("_events_per_run", Counter())
+        counts[run.run_id] += 1
+        if counts[run.run_id] > MAX_EVENTS_PER_RUN:
+            return self._reject(run.run_id, pid, "too_many_events")
+        self.store.sql(
+            "INSERT INTO run_events (run_id, ts_ns, kind, target, message) VALUES (?, ?, ?, ?, ?)",
+            [
+                run.run_id,
+                _int(info.get("ts_ns")),
+                str(info.get("kind") or "")[:40],
+                str(info.get("target") or "")[:2000],
+                str(info.get("message") or "")[:2000],
+            ],
+        )
+        if info.get("kind") != "attached" and counts[run.run_id] <= 10:
+            log.warning("run %d: %s", run.run_id, str(info.get("message") or "")[:300])
         return None
 
     def _known_run(self, token, pid):
