@@ -4,7 +4,8 @@ Tests that need root, bcc, perf or tracefs call `require_privileged(reason)`
 (or use the `privileged` marker's helper). Outside CI they skip with the
 reason; with STALLSCOPE_REQUIRE_PRIVILEGED=1 (set by .ci/run, which runs as
 root) the same condition is a failure, so a green CI run cannot hide a
-skipped eBPF test.
+skipped eBPF test. Tests of a real engine use `engineguard.require_engines()`
+the same way (STALLSCOPE_REQUIRE_ENGINES=1).
 """
 
 import os

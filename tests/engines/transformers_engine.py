@@ -6,7 +6,9 @@ continuous-batching manager: its generation thread, scheduler, paged cache
 and sampling. Arguments: --requests N, --max-new-tokens N, --gc-pressure
 (build a heap of tracked objects in the main thread while requests run, so
 gen-2 passes happen during steps). Prints one JSON line: requests asked,
-finished, tokens generated. Exits 0 when every request finished, else 1;
+finished, tokens generated,
+the collections per generation between the script's start and its end and
+that window's CLOCK_MONOTONIC edges. Exits 0 when every request finished, else 1;
 --exit-status overrides a success (to check that it passes through).
 """
 
@@ -57,6 +59,18 @@ def pressure(stop):
             time.sleep(0.001)
 
 
+def gc_window_edge():
+    """(monotonic ns, gc.get_stats()) read with the collector paused, so no
+    pass can fall between the two reads."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return time.monotonic_ns(), gc.get_stats()
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser()
     parser.add_argument("--requests", type=int, default=24)
@@ -64,6 +78,7 @@ def main(argv=None):
     parser.add_argument("--gc-pressure", action="store_true")
     parser.add_argument("--exit-status", type=int, default=None)
     args = parser.parse_args(argv)
+    window_start_ns, stats_before = gc_window_edge()
     torch.set_num_threads(1)
     model = tiny_llama()
     config = GenerationConfig(
@@ -88,12 +103,21 @@ def main(argv=None):
         )
     finally:
         stop.set()
+        if helper.is_alive():
+            helper.join()
+    window_end_ns, stats_after = gc_window_edge()
     finished = [o for o in outputs.values() if len(o.generated_tokens) == args.max_new_tokens]
     summary = {
         "requests": args.requests,
         "finished": len(finished),
         "tokens": sum(len(o.generated_tokens) for o in outputs.values()),
-        "gc_gen2": gc.get_stats()[2]["collections"],
+        # Collections per generation between the two edges, and the edges
+        # (CLOCK_MONOTONIC ns): what a tracer must have seen, exactly.
+        "gc_collections": [
+            b["collections"] - a["collections"]
+            for a, b in zip(stats_before, stats_after, strict=True)
+        ],
+        "window_ns": [window_start_ns, window_end_ns],
     }
     print(json.dumps(summary), flush=True)
     if len(finished) != args.requests:

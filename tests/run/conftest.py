@@ -1,1 +1,0 @@
-from run.helpers import daemon, engine_dir  # noqa: F401  (fixtures)
