@@ -1,5 +1,6 @@
 """The /proc sched probe: real scheduling (totals exact per window) and a fixture procfs."""
 
+
 import numpy as np
 import pytest
 from sched_harness import CollectSink, Workload, spawn_hog, window
