@@ -1,7 +1,7 @@
 """Time the probe adds per step on a real loop: transformers' continuous batching.
 
 One process, one continuous-batching manager (the tiny random-weight Llama
-of tests/engines/transformers_engine.py, torch on one thread), one probe
+of stallscope/demo/transformers_engine.py, torch on one thread), one probe
 connected to a live daemon, the `transformers` preset attached (step,
 schedule, forward, update: four wrapped calls per step). A minimal timer
 (two clock reads) sits outermost on `_generation_loop_body` and, before
@@ -24,7 +24,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT / "tests" / "engines"))
 
 import probe_client  # noqa: E402
 from daemonproc import DaemonProcess  # noqa: E402
@@ -130,21 +129,19 @@ def main():
     args = parser.parse_args()
 
     import torch
-    import transformers_engine as eng
     from transformers import GenerationConfig
-    from transformers.generation.configuration_utils import ContinuousBatchingConfig
     from transformers.generation.continuous_batching.continuous_api import (
         ContinuousBatchingManager,
     )
+
+    from stallscope.demo import transformers_engine as eng
 
     torch.set_num_threads(1)
     model = eng.tiny_llama()
     config = GenerationConfig(
         max_new_tokens=args.new_tokens, do_sample=False, eos_token_id=-1, pad_token_id=0
     )
-    cb = ContinuousBatchingConfig(
-        page_size=32, num_blocks=128, max_batch_tokens=256, max_requests_per_batch=16
-    )
+    cb = eng.batching_config()
     prompts = eng.prompts(args.requests)
     with tempfile.TemporaryDirectory() as tmp:
         daemon = DaemonProcess(Path(tmp)).start()

@@ -1,13 +1,14 @@
 """A real PyTorch serving loop traced with no source edit: transformers' continuous batching.
 
 `stallscope run --preset transformers -- python transformers_engine.py`
-against a real daemon: a tiny random-weight Llama (nothing downloaded),
-24 requests as token ids through transformers' own generation thread,
-scheduler and paged cache, with a helper thread building a heap of cycles
-so that gen-2 passes run during steps (on another thread than the step's,
-as issue 18 found them). The engine never imports stallscope. Needs the
-`engines` extra (torch CPU, transformers): skipped without it, a failure
-in CI (STALLSCOPE_REQUIRE_ENGINES=1). Runs in ~15 s on 2 cores.
+(stallscope/demo/transformers_engine.py, which imports nothing of ours)
+against a real daemon: a tiny random-weight Llama (nothing downloaded), 30
+requests as token ids arriving over 3 s through transformers' own
+generation thread, scheduler and paged cache (the loop idles between
+arrivals), with a helper thread building a heap of cycles so that gen-2
+passes run during steps, on another thread than the step's. Needs the
+`engines` extra (torch CPU, transformers): skipped without it, a failure in
+CI (STALLSCOPE_REQUIRE_ENGINES=1). Runs in ~20 s on 2 cores.
 """
 
 import json
@@ -21,9 +22,11 @@ import pytest
 
 from daemonproc import DaemonProcess
 from engineguard import require_engines
+from stallscope import demo
 
-ENGINE = str(Path(__file__).resolve().parent / "transformers_engine.py")
-REQUESTS = 24
+ENGINE = str(Path(demo.__file__).resolve().parent / "transformers_engine.py")
+SECONDS, RATE = 3, 10
+REQUESTS = SECONDS * RATE
 NEW_TOKENS = 12
 MAX_PER_BATCH = 16  # the engine's ContinuousBatchingConfig
 
@@ -40,7 +43,8 @@ def hf_run(tmp_path_factory):
                 sys.executable, "-m", "stallscope.cli", "run",
                 "--socket", daemon.socket, "--label", "hf-cb", "--preset", "transformers",
                 "--", sys.executable, ENGINE,
-                "--requests", str(REQUESTS), "--max-new-tokens", str(NEW_TOKENS),
+                "--serve-seconds", str(SECONDS), "--rate", str(RATE),
+                "--max-new-tokens", str(NEW_TOKENS),
                 "--gc-pressure", "--exit-status", "7",
             ],
             capture_output=True,
@@ -82,7 +86,9 @@ def test_steps_and_their_batch_sizes_are_stored(hf_run):
     assert len(busy) >= NEW_TOKENS
     assert 2 <= max(b for _, b in busy) <= MAX_PER_BATCH
     assert {stage for stage, _ in busy} == {"prefill", "decode"}
-    assert all(stage == "idle" for stage, batch, _ in steps if batch == 0)
+    # Idle iterations (no request ready: the loop waits for one) are batch 0.
+    idle = [stage for stage, batch, _ in steps if batch == 0]
+    assert idle and set(idle) == {"idle"}
     # Nested spans: one schedule per iteration, one forward and update per busy one.
     kinds = dict(
         q("SELECT kind, count(*) FROM spans WHERE run_id = ? GROUP BY kind", [hf_run.run_id])
