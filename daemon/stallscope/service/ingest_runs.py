@@ -92,6 +92,28 @@ class RunRegistry:
         self.on_track(conn.pid)
         return None
 
+    def external_run(self, pid, argv, label):
+        """A run for a process with no probe client (its GC from USDT): a
+        `runs` row with the kernel pid and its command line; returns run_id."""
+        now = time.monotonic_ns()
+        with self._lock:
+            run_id = self._next_run_id
+            self._next_run_id += 1
+            self.store.sql(
+                "INSERT INTO runs (run_id, pid, label, host, started_ns, argv, connected_ns, "
+                "records, connections) VALUES (?, ?, ?, ?, ?, ?, ?, 0, 0)",
+                [
+                    run_id,
+                    pid,
+                    str(label)[:200],
+                    self.host,
+                    now,
+                    [str(a)[:500] for a in argv[:64]],
+                    now,
+                ],
+            )
+        return run_id
+
     def _event(self, run, data, pid):
         """An EVENT datagram: one `run_events` row (a bad one is `bad_event`)."""
         try:
