@@ -15,7 +15,9 @@ writing `/proc/PID/mem`; only root is checked here (whether the unit's
 CAP_BPF CAP_PERFMON CAP_DAC_READ_SEARCH suffice is not yet established).
 A process that connects a
 probe client later is left to the client (its gc.callbacks see the same
-passes), so each pass is stored once. Never reads a Python object of the
+passes) from the moment the daemon handles that connection; a pass that
+falls between the client's start and that moment (well under 100 ms) is
+stored in both runs. Never reads a Python object of the
 traced process, never stops it.
 """
 
