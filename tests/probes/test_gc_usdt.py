@@ -137,3 +137,85 @@ def test_an_interpreter_without_markers_gets_a_reason(tmp_path):
     assert state == "unavailable"
     assert f"pid {child.pid}" in detail and "no USDT probe gc__start" in detail
     assert daemon.query("SELECT count(*) FROM runs") == [(0,)]
+
+
+HANDOVER = textwrap.dedent(
+    """
+    import gc, importlib.util, json, os, sys, time
+
+    def collect(n):
+        for i in range(n):
+            gc.collect(i % 3)
+
+    print("ready", flush=True)
+    sys.stdin.readline()
+    collect(12)  # seen by USDT only
+    pkg = sys.argv[1]
+    spec = importlib.util.spec_from_file_location(
+        "probe_client", os.path.join(pkg, "__init__.py"), submodule_search_locations=[pkg]
+    )
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["probe_client"] = module
+    spec.loader.exec_module(module)
+    probe = module.connect(socket_path=sys.argv[2], run_label="late-client")
+    print("connected", flush=True)
+    sys.stdin.readline()  # the daemon has handled the connection
+    t0 = time.monotonic_ns()
+    collect(9)  # seen by the client only
+    t1 = time.monotonic_ns()
+    probe.close()
+    print(json.dumps([t0, t1]), flush=True)
+    sys.stdin.readline()
+    """
+)
+
+
+def test_a_client_connecting_later_takes_over_and_passes_are_not_doubled(tmp_path):
+    require_privileged(_bcc_usable(), "requires root and bcc")
+    if not os.access(SYSTEM_PYTHON, os.X_OK):
+        pytest.skip("needs the distribution's /usr/bin/python3 (built with USDT markers)")
+    import probe_client
+
+    script = tmp_path / "handover.py"
+    script.write_text(HANDOVER)
+    daemon = DaemonProcess(tmp_path)
+    pkg = os.path.dirname(os.path.abspath(probe_client.__file__))
+    child = subprocess.Popen(
+        [SYSTEM_PYTHON, str(script), pkg, daemon.socket],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout.readline() == "ready\n"
+        daemon.extra_args = ["--pid", str(child.pid)]
+        daemon.start()
+        _wait_for(daemon, f"gc probe: following pid {child.pid}")
+        child.stdin.write("\n")
+        child.stdin.flush()
+        assert child.stdout.readline() == "connected\n"
+        _wait_for(daemon, f"gc probe: pid {child.pid} connected a probe client")
+        child.stdin.write("\n")
+        child.stdin.flush()
+        start_ns, end_ns = json.loads(child.stdout.readline())
+        child.stdin.write("\n")
+        child.stdin.flush()
+        assert child.wait(timeout=30) == 0
+    finally:
+        if child.poll() is None:
+            child.kill()
+        daemon.stop()
+    rows = dict(
+        daemon.query(
+            "SELECT r.label = 'late-client', count(*) FROM gc_events g JOIN runs r USING (run_id) "
+            "WHERE g.start_ns > ? AND g.end_ns < ? AND g.generation = 2 GROUP BY ALL",
+            [start_ns, end_ns],
+        )
+    )
+    # The 3 explicit gen-2 passes after the handover: the client's, once.
+    assert rows == {True: 3}
+    usdt_before = daemon.scalar(
+        "SELECT count(*) FROM gc_events g JOIN runs r USING (run_id) "
+        "WHERE r.label <> 'late-client' AND g.generation = 2"
+    )
+    assert usdt_before >= 4  # collect(12): passes of gen 2 seen from outside

@@ -157,6 +157,7 @@ class UsdtGcProbe(Probe):
         if followed is not None:
             self._drain(followed)
             followed.bpf.cleanup()
+            log.info("gc probe: pid %d connected a probe client; USDT stops", pid)
             if self.sink is not None:
                 self.sink.status(
                     self.name,
