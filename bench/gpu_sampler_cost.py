@@ -18,18 +18,13 @@ and then the poller thread at 10 Hz on 8 GPUs for --seconds: its own CPU time
 import argparse
 import ctypes
 import statistics
-import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests" / "probes"))
+import pynvml
 
-import fake_nvml  # noqa: E402
-import pynvml  # noqa: E402
-
-from stallscope.probes.base import ProbeSettings  # noqa: E402
-from stallscope.probes.gpu_nvml import NvmlGpuProbe  # noqa: E402
+from stallscope.probes import fake_nvml
+from stallscope.probes.base import ProbeSettings
+from stallscope.probes.gpu_nvml import NvmlGpuProbe
 
 
 class NullSink:

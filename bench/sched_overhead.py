@@ -26,8 +26,6 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-
 from stallscope.probes.sched_bcc import RECORD_DTYPE, BccSchedProbe
 from stallscope.probes.sched_perf import PerfSchedProbe
 
@@ -121,7 +119,10 @@ def main():
                 rec0 = probe.status()["records"]
                 t0 = time.monotonic_ns()
                 v = run_pingpong(
-                    exe, args.rounds, args.cpu, lambda a, b: (probe.track(a), probe.track(b))
+                    exe,
+                    args.rounds,
+                    args.cpu,
+                    lambda a, b, probe=probe: (probe.track(a), probe.track(b)),
                 )
                 probe.drain()
                 wall = time.monotonic_ns() - t0
@@ -169,7 +170,10 @@ def main():
                 results["perf-untracked"].append(v)
                 deltas["perf-untracked"].append(v - base)
                 v = run_pingpong(
-                    exe, args.rounds, args.cpu, lambda a, b: (probe.track(a), probe.track(b))
+                    exe,
+                    args.rounds,
+                    args.cpu,
+                    lambda a, b, probe=probe: (probe.track(a), probe.track(b)),
                 )
                 results["perf-tracked"].append(v)
                 deltas["perf-tracked"].append(v - base)

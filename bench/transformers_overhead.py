@@ -17,17 +17,17 @@ step. Usage: python bench/transformers_overhead.py [--rounds R] [--requests N]
 import argparse
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+import duckdb
 
-import probe_client  # noqa: E402
-from daemonproc import DaemonProcess  # noqa: E402
-from probe_client import _autoattach, _specs  # noqa: E402
+import probe_client
+from probe_client import _autoattach, _specs
+from stallscope.demo.child import DaemonChild
+
+ROOT = Path(__file__).resolve().parent.parent
 
 _mono = time.monotonic_ns
 _cpu = time.thread_time_ns  # the generation thread's CPU time: blind to preemption
@@ -144,7 +144,14 @@ def main():
     cb = eng.batching_config()
     prompts = eng.prompts(args.requests)
     with tempfile.TemporaryDirectory() as tmp:
-        daemon = DaemonProcess(Path(tmp)).start()
+        tmp = Path(tmp)
+        db = tmp / "bench.duckdb"
+        daemon = DaemonChild(
+            tmp / "probe.sock",
+            db,
+            tmp / "daemon.log",
+            ["--sched-backend", "none", "--gpu-backend", "none"],
+        ).start()
         manager = model.init_continuous_batching(
             generation_config=config, continuous_batching_config=cb
         )
@@ -173,7 +180,11 @@ def main():
             manager.stop(block=True, timeout=10)
             probe.close()
             daemon.stop()
-        stored = daemon.scalar("SELECT count(*) FROM spans WHERE kind = 'step' AND batch > 0")
+        con = duckdb.connect(str(db), read_only=True)
+        stored = con.execute(
+            "SELECT count(*) FROM spans WHERE kind = 'step' AND batch > 0"
+        ).fetchone()[0]
+        con.close()
     for field, what in ((4, "wall time"), (5, "CPU time of the step's thread")):
         diffs, untraced = pair_differences(steps, field)
         added, step = statistics.median(diffs), statistics.median(untraced)

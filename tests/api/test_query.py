@@ -8,7 +8,8 @@ import grpc
 import pytest
 
 import probe_client
-from apihelpers import start_api_daemon, stop, wait_for
+from helpers.api import start_api_daemon, stop
+from helpers.waiting import wait_for
 from stallscope.analysis import access
 from stallscope.api.client import ApiError, ApiSource, Client
 from stallscope.api.v1 import stallscope_pb2 as pb

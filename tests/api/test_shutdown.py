@@ -7,7 +7,8 @@ import threading
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from apihelpers import start_api_daemon, wait_for
+from helpers.api import start_api_daemon
+from helpers.waiting import wait_for
 from stallscope.api.client import Client
 from stallscope.api.v1 import stallscope_pb2 as pb
 from stallscope.api.v1 import stallscope_pb2_grpc as pb_grpc

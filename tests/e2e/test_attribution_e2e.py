@@ -18,8 +18,8 @@ from collections import Counter
 
 import pytest
 
-from conftest import is_root, require_privileged
-from daemonproc import DaemonProcess
+from helpers.daemonproc import DaemonProcess
+from helpers.privileged import is_root, require_privileged
 
 INJECT_MS = 25
 CAUSES = {"block": "blocked", "submit": "submit", "gc": "gc", "preempt": "preemption"}

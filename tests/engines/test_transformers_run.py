@@ -20,8 +20,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from daemonproc import DaemonProcess
-from engineguard import require_engines
+from helpers.daemonproc import DaemonProcess
+from helpers.engines import require_engines
 from stallscope import demo
 
 ENGINE = str(Path(demo.__file__).resolve().parent / "transformers_engine.py")

@@ -18,9 +18,10 @@ import stat
 import tempfile
 
 import pytest
-from helpers import Daemon, require_root
 
 import probe_client
+from helpers.faults import Daemon
+from helpers.privileged import is_root, require_privileged
 from probe_client import wire
 
 pytestmark = pytest.mark.faults
@@ -93,7 +94,7 @@ def shared_dir():
 
 
 def test_uid_not_allowed_is_refused_and_claims_are_ignored(tmp_path, shared_dir, figures):
-    require_root()
+    require_privileged(is_root(), "needs root (mount, setuid)")
     d = Daemon(tmp_path, extra_args=["--allow-uid", "0", "--allow-uid", str(OTHER)])
     d.socket = os.path.join(shared_dir, "probe.sock")
     d.start()

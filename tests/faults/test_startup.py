@@ -18,7 +18,8 @@ import sys
 import time
 
 import pytest
-from helpers import Daemon
+
+from helpers.faults import Daemon
 
 CLIENT = r"""
 import json, os, sys, time

@@ -17,8 +17,8 @@ import time
 
 import pytest
 
-from conftest import is_root, require_privileged
-from daemonproc import DaemonProcess
+from helpers.daemonproc import DaemonProcess
+from helpers.privileged import is_root, require_privileged
 
 SYSTEM_PYTHON = "/usr/bin/python3"
 

@@ -1,7 +1,9 @@
 """The bcc sched probe against the kernel's own per-thread counters, on real scheduling."""
 
 import pytest
-from sched_harness import (
+
+from helpers.privileged import require_privileged
+from helpers.sched import (
     CollectSink,
     Workload,
     check_contended,
@@ -9,8 +11,6 @@ from sched_harness import (
     check_markers,
     check_untrack,
 )
-
-from conftest import require_privileged
 from stallscope.probes.base import ProbeSettings
 from stallscope.probes.sched_bcc import BccSchedProbe
 

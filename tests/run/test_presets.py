@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers import wheelcheck
 from probe_client import _specs
-from run import wheelcheck
 
 PRESETS = Path(__file__).resolve().parents[2] / "presets"
 CACHE = Path(os.environ.get("STALLSCOPE_WHEEL_CACHE") or "~/.cache/stallscope-wheels").expanduser()

@@ -15,28 +15,8 @@ import sys
 
 import pytest
 
-from daemonproc import DaemonProcess
-from run.helpers import TOY_ENGINE, stallscope_run, write_script
+from helpers.run import stallscope_run, write_script
 from stallscope.cli.run import site_dir
-
-
-@pytest.fixture
-def daemon(tmp_path):
-    d = DaemonProcess(tmp_path).start()
-    yield d
-    if d.proc.poll() is None:
-        d.proc.kill()
-        d.proc.wait()
-
-
-@pytest.fixture
-def engine_dir(tmp_path):
-    """A folder with `toyengine.py`; commands run there (so it is importable)."""
-    folder = tmp_path / "engine"
-    folder.mkdir()
-    (folder / "toyengine.py").write_text(TOY_ENGINE)
-    return folder
-
 
 STEP_SPEC = "toyengine:Engine.step=step,batch=len(arg0)"
 

@@ -359,7 +359,7 @@ def test_instance_attach_of_a_cached_property_does_not_compute_it(probe):
 
 
 def test_async_span_covers_the_awaited_call(tmp_path):
-    from daemonproc import DaemonProcess
+    from helpers.daemonproc import DaemonProcess
 
     d = DaemonProcess(tmp_path).start()
     p = probe_client.connect(socket_path=d.socket, gc=False)

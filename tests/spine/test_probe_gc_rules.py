@@ -1,8 +1,8 @@
 """Rule 1: the probe must not cause what it measures.
 
 The seed's hook made one reference cycle per submission (a closure on each
-ticket that referenced the ticket). These tests instrument an engine shaped
-like the seed's with `attach()` and prove, with automatic GC disabled, that
+ticket that referenced the ticket). These tests instrument the toy engine
+(stallscope.demo.engine.ToyEngine, shaped like the seed's) with `attach()` and prove, with automatic GC disabled, that
 completed submissions die by reference counting, that nothing unreachable is
 left behind, and that the probe adds no GC-tracked objects per step. They run
 with no daemon listening (the hot path is the same: records are dropped after
@@ -16,45 +16,25 @@ import weakref
 import pytest
 
 import probe_client
+from stallscope.demo import engine as engine_model
+from stallscope.demo.engine import Ticket
 
 
-class Ticket:
-    def __init__(self, value):
-        self.value = value
+class Executor(engine_model.Executor):
+    """The toy engine's executor, keeping a weak reference to every ticket."""
 
-    def collect(self):
-        return self.value
-
-
-class Executor:
     def __init__(self):
+        super().__init__(engine_model.NoWork())
         self.made = []
 
     def submit(self, batch):
-        ticket = Ticket(len(batch.requests))
+        ticket = super().submit(batch)
         self.made.append(weakref.ref(ticket))
         return ticket
 
 
-class Batch:
-    __slots__ = ("phase", "requests")
-
-    def __init__(self, phase, requests):
-        self.phase = phase
-        self.requests = requests
-
-
-class Engine:
-    def __init__(self):
-        self.executor = Executor()
-        self.requests = (1, 2, 3)
-
-    def _schedule(self):
-        return Batch("recurrent", self.requests)
-
-    def _step(self):
-        batch = self._schedule()
-        return self.executor.submit(batch).collect()
+def Engine():
+    return engine_model.ToyEngine(Executor())
 
 
 def instrument(probe, engine):
@@ -83,7 +63,7 @@ def probe(request, tmp_path):
         yield p
         p.close()
         return
-    from daemonproc import DaemonProcess
+    from helpers.daemonproc import DaemonProcess
 
     d = DaemonProcess(tmp_path).start()
     p = probe_client.connect(socket_path=d.socket, gc=False)
@@ -147,7 +127,7 @@ def test_gc_callback_retains_nothing(tmp_path, gc_off):
 
 
 def test_exceptions_from_the_wrapped_call_pass_through_and_are_timed(tmp_path):
-    from daemonproc import DaemonProcess
+    from helpers.daemonproc import DaemonProcess
 
     d = DaemonProcess(tmp_path).start()
     p = probe_client.connect(socket_path=d.socket, gc=False)

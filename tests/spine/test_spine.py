@@ -14,17 +14,9 @@ import threading
 import time
 
 import probe_client
-from daemonproc import DaemonProcess
+from helpers.daemonproc import DaemonProcess
+from helpers.waiting import wait_for
 from probe_client import wire
-
-
-def _wait(pred, timeout_s=10.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.02)
-    return False
 
 
 def test_records_sent_equal_records_stored(daemon):
@@ -141,13 +133,13 @@ def test_daemon_absent_started_killed_restarted(tmp_path):
     burst(100)  # no daemon: counted drops, no exception
     assert probe.stats()["drops_disconnected"] == 100
     d.start()
-    assert _wait(lambda: (probe.flush(), probe.connected)[1], 5.0)
+    assert wait_for(lambda: (probe.flush(), probe.connected)[1], 5.0)
     burst(200)
     time.sleep(0.5)  # let the daemon commit (every 200 ms)
     d.kill()  # SIGKILL: whatever was not committed is lost
     burst(50)  # daemon gone again
     d.start()
-    assert _wait(lambda: (probe.flush(), probe.connected)[1], 5.0)
+    assert wait_for(lambda: (probe.flush(), probe.connected)[1], 5.0)
     burst(70)
     probe.close()
     assert d.stop()[0] == 0

@@ -9,7 +9,7 @@ import duckdb
 import pytest
 
 import probe_client
-from daemonproc import DaemonProcess
+from helpers.daemonproc import DaemonProcess
 from stallscope.service import migrations
 from stallscope.service.store import Store
 

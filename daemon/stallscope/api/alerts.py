@@ -75,7 +75,7 @@ class _Intervals:
             new = (start[sel], end[sel], extra[sel])
             old = self.by_key.get(k)
             if old is not None:
-                new = tuple(np.concatenate([o, n]) for o, n in zip(old, new))
+                new = tuple(np.concatenate([o, n]) for o, n in zip(old, new, strict=True))
             self.by_key[k] = new
 
     def prune(self, now_ns):
@@ -263,6 +263,7 @@ class StallDetector:
             steps["batch"].to_pylist(),
             steps["start_ns"].to_pylist(),
             steps["end_ns"].to_pylist(),
+            strict=True,
         ):
             self.steps_seen += 1
             dur = e - s

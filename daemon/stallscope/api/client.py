@@ -144,11 +144,18 @@ class _Cursor:
     """What DuckDB's execute() returns, enough for report and compare code."""
 
     def __init__(self, table, columns):
-        self._rows = _rows(table)
+        self._table = table
+        self._rows_cache = None  # Python rows, made on the first fetch*
         self._pos = 0
         # DB-API description: (name, type_code, display_size, internal_size,
         # precision, scale, null_ok); type_code is DuckDB's type name.
         self.description = [(n, t, None, None, None, None, None) for n, t in columns] or None
+
+    @property
+    def _rows(self):
+        if self._rows_cache is None:
+            self._rows_cache = _rows(self._table)
+        return self._rows_cache
 
     def fetchall(self):
         rows, self._pos = self._rows[self._pos :], len(self._rows)
@@ -164,6 +171,21 @@ class _Cursor:
         rows = self._rows[self._pos : self._pos + size]
         self._pos += len(rows)
         return rows
+
+    def fetchnumpy(self):
+        """Columns as numpy arrays, as DuckDB's fetchnumpy(): NULLs masked."""
+        import numpy as np
+
+        out = {}
+        for name, col in zip(self._table.column_names, self._table.columns, strict=True):
+            values = col.to_numpy(zero_copy_only=False)
+            if col.null_count:
+                out[name] = np.ma.masked_array(
+                    values, mask=col.is_null().to_numpy(zero_copy_only=False)
+                )
+            else:
+                out[name] = values
+        return out
 
 
 class ApiConnection:

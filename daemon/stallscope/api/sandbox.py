@@ -59,7 +59,6 @@ _EXPLAIN_PREFIX = re.compile(r"^\s*EXPLAIN\s+", re.IGNORECASE)
 _EXPLAIN_ANALYZE = re.compile(r"^\s*EXPLAIN\s+(\(.*\bANALY[SZ]E\b|ANALY[SZ]E\b)", re.I | re.S)
 
 
-
 def check_sandbox(cur):
     """Refuse to run anything unless the instance has no external access and
     its configuration is locked (whoever built the Store, and however)."""
@@ -200,7 +199,8 @@ class QueryRun:
             self._rel = self._cur.sql(self.sql, params=self.params or None)
             if self._rel is not None:
                 self.columns = [
-                    (name, str(t)) for name, t in zip(self._rel.columns, self._rel.types)
+                    (name, str(t))
+                    for name, t in zip(self._rel.columns, self._rel.types, strict=True)
                 ]
         except duckdb.Error as exc:
             self.close()

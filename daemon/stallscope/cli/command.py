@@ -52,7 +52,8 @@ def add_db_arguments(parser):
     )
     parser.add_argument(
         "--api-socket",
-        default=env_default("STALLSCOPE_API_SOCKET", DEFAULT_API_SOCKET),
+        default=env_default("STALLSCOPE_API_SOCKET", None),
         help="a running daemon's API socket, used when it holds the database "
-        "(default: $STALLSCOPE_API_SOCKET or %(default)s)",
+        "(default: $STALLSCOPE_API_SOCKET, else the socket the daemon published "
+        f"beside the database, else {DEFAULT_API_SOCKET})",
     )

@@ -39,7 +39,9 @@ def listen_fds(environ=None, unset=True):
         n = int(n_s)
         pid = int(pid_s) if pid_s else None
     except ValueError:
-        raise ActivationError(f"LISTEN_FDS={n_s!r} / LISTEN_PID={pid_s!r} are not numbers")
+        raise ActivationError(
+            f"LISTEN_FDS={n_s!r} / LISTEN_PID={pid_s!r} are not numbers"
+        ) from None
     if pid is not None and pid != os.getpid():
         return {}  # meant for another process (we were started by the activated one)
     if n < 0:
@@ -51,7 +53,9 @@ def listen_fds(environ=None, unset=True):
         try:
             os.set_inheritable(fd, False)
         except OSError as exc:
-            raise ActivationError(f"LISTEN_FDS={n} but descriptor {fd} is not open: {exc}")
+            raise ActivationError(
+                f"LISTEN_FDS={n} but descriptor {fd} is not open: {exc}"
+            ) from None
         name = names[i] if i < len(names) and names[i] else "unknown"
         fds.setdefault(name, []).append(fd)
     return fds

@@ -113,19 +113,7 @@ class RecordDecoder:
                     run.chunks, run.first_seqs, run.counts = [], [], []
                     run.unflushed = True
             losses, self._losses = self._losses, []
-        if losses:
-            cols = list(zip(*losses, strict=True))
-            self.store.append(
-                "losses",
-                {
-                    "run_id": np.array(cols[0], dtype=np.int64),
-                    "probe": ["client"] * len(losses),
-                    "start_ns": np.array(cols[1], dtype=np.int64),
-                    "end_ns": np.array(cols[2], dtype=np.int64),
-                    "count": np.array(cols[3], dtype=np.int64),
-                    "reason": list(cols[4]),
-                },
-            )
+        self.store.record_losses("client", losses)
         for run, chunks, first_seqs, counts, names in work:
             self._decode_run(run, chunks, first_seqs, counts, names)
         with self._lock:

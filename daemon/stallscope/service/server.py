@@ -17,6 +17,7 @@ import time
 
 from stallscope import probes as probe_registry
 from stallscope.probes.base import ProbeSettings, Sink
+from stallscope.service import endpoint
 from stallscope.service import reload as config_reload
 from stallscope.service.ingest import Ingest
 from stallscope.service.retention import Retention
@@ -252,6 +253,8 @@ class Daemon:
                 # (probe socket, probes, database) before saying why.
                 self.shutdown()
                 raise
+            if self.api_socket:
+                endpoint.publish(self.store.path, self.api_socket)
         signal.signal(signal.SIGTERM, self.stop)
         signal.signal(signal.SIGINT, self.stop)
         signal.signal(signal.SIGHUP, lambda *_: self._reload.set())
@@ -290,6 +293,7 @@ class Daemon:
         t0 = time.monotonic()
         if self.api is not None:
             self.api.stop(grace=0.5)
+            endpoint.withdraw(self.store.path)
         self.ingest.close()
         if self.retention is not None:
             self.retention.stop()

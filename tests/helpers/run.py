@@ -1,5 +1,5 @@
-"""Helpers for `stallscope run` tests: a toy engine that never imports
-stallscope, and a helper that runs a command under the wrapper."""
+"""For the `stallscope run` tests: a toy engine that never imports stallscope,
+and a runner of commands under the wrapper."""
 
 import os
 import subprocess

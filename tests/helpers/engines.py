@@ -3,9 +3,7 @@
 `require_engines()` skips a test with the reason and the fix when the extra
 is missing; with STALLSCOPE_REQUIRE_ENGINES=1 (set by .ci/run, whose
 bootstrap installs the extra) the same condition is a failure, so a green CI
-run cannot hide a skipped engine test. A module of its own, not conftest:
-several test folders have a conftest.py, and `from conftest import` would
-find whichever was imported first.
+run cannot hide a skipped engine test (the rule of `privileged.py`).
 """
 
 import importlib.util
