@@ -68,6 +68,13 @@ def attach_switchable(probe, specs):
     return Switch([(cls, name, orig, cls.__dict__[name]) for cls, name, orig in found])
 
 
+def _passthrough(original):
+    def plain(*args, **kwargs):
+        return original(*args, **kwargs)
+
+    return plain
+
+
 def install_timer(cls, switch, out):
     """Our outermost timer on the loop body, switching arms step by step."""
     body = next(t for t in switch.targets if t[1] == "_generation_loop_body")
@@ -122,6 +129,18 @@ def main():
     parser.add_argument("--requests", type=int, default=48)
     parser.add_argument("--new-tokens", type=int, default=24)
     parser.add_argument(
+        "--only",
+        action="append",
+        default=None,
+        metavar="METHOD",
+        help="switch only these preset methods (repeatable): which costs what",
+    )
+    parser.add_argument(
+        "--plain-wrappers",
+        action="store_true",
+        help="a plain Python pass-through wrapper instead of the probe's: what any wrapper costs",
+    )
+    parser.add_argument(
         "--same-arms",
         action="store_true",
         help="both arms untraced: the method's own bias and noise (should be ~0)",
@@ -159,6 +178,12 @@ def main():
         switch = attach_switchable(probe, preset_specs())
         if args.same_arms:
             switch.targets = [(c, n, o, o) for c, n, o, _ in switch.targets]
+        if args.plain_wrappers:
+            switch.targets = [(c, n, o, _passthrough(o)) for c, n, o, _ in switch.targets]
+        if args.only:
+            switch.targets = [
+                (c, n, o, w if n in args.only else o) for c, n, o, w in switch.targets
+            ]
         steps = []
         install_timer(ContinuousBatchingManager, switch, steps)
         manager.start()
