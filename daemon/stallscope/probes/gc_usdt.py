@@ -117,7 +117,7 @@ class UsdtGcProbe(Probe):
         if missing:
             return (
                 f"{exe} has no USDT probe {', '.join(missing)} (CPython built without "
-                "--with-dtrace, e.g. pyenv or python.org builds; Debian's and Ubuntu's "
+                "its dtrace markers, e.g. pyenv or python.org builds; Debian's and Ubuntu's "
                 "/usr/bin/python3 have them): GC passes come only from a probe client"
             )
         return None
