@@ -9,10 +9,11 @@ reader thread drains the ring buffers every `sched_poll_ms` into
 do not carry them). `usdt_missing(pid)` says why a process cannot be
 followed (an interpreter without the markers: pyenv and python.org builds).
 Enabling the markers raises their semaphores (CPython skips a marker whose
-semaphore is 0): bcc does it for as long as its USDT context lives, either
-through the kernel's uprobe reference counters (`ref_ctr_offset`) or by
-writing `/proc/PID/mem`; only root is checked here (whether the unit's
-CAP_BPF CAP_PERFMON CAP_DAC_READ_SEARCH suffice is not yet established).
+semaphore is 0); bcc 0.26 does it by writing `/proc/PID/mem` (seen with
+strace) for as long as its USDT context lives. That needs ptrace access to
+the process: the same user, or CAP_SYS_PTRACE, which the service's unit
+does not have (CAP_BPF CAP_PERFMON CAP_DAC_READ_SEARCH): the opt-in
+drop-in `systemd/stallscope-usdt-gc.conf` adds exactly that one.
 A process that connects a
 probe client later is left to the client (its gc.callbacks see the same
 passes) from the moment the daemon handles that connection; a pass that
@@ -31,8 +32,23 @@ from stallscope.probes.base import Probe
 
 log = logging.getLogger("stallscope.probes.gc_usdt")
 
+CAP_SYS_PTRACE = 19
+CAP_PERFMON = 38
+CAP_BPF = 39
+DROP_IN = "systemd/stallscope-usdt-gc.conf"
 BPF_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gc_usdt.c")
 PROBE_NAMES = ("gc__start", "gc__done")
+
+
+def _effective_caps():
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("CapEff:"):
+                    return int(line.split()[1], 16)
+    except OSError:
+        pass
+    return 0
 
 
 def command_line(pid, proc_root="/proc"):
@@ -76,11 +92,9 @@ class UsdtGcProbe(Probe):
 
     @classmethod
     def unavailable(cls, settings=None):
-        if os.geteuid() != 0:
-            return (
-                "needs root (CAP_BPF, CAP_PERFMON and ptrace access to set the USDT "
-                "semaphores through /proc/PID/mem)"
-            )
+        caps = _effective_caps()
+        if not (caps & (1 << CAP_BPF) and caps & (1 << CAP_PERFMON)) and os.geteuid() != 0:
+            return "needs root or CAP_BPF+CAP_PERFMON: run the daemon as root or grant them"
         try:
             import bcc  # noqa: F401
         except ImportError:
@@ -119,6 +133,14 @@ class UsdtGcProbe(Probe):
                 f"{exe} has no USDT probe {', '.join(missing)} (CPython built without "
                 "its dtrace markers, e.g. pyenv or python.org builds; Debian's and Ubuntu's "
                 "/usr/bin/python3 have them): GC passes come only from a probe client"
+            )
+        try:
+            os.close(os.open(f"{proc_root}/{pid}/mem", os.O_RDWR))
+        except OSError as exc:
+            return (
+                f"cannot raise the markers' semaphores: writing {proc_root}/{pid}/mem "
+                f"failed ({exc.strerror}); it needs ptrace access to the process (the same "
+                f"user, or CAP_SYS_PTRACE: the drop-in {DROP_IN})"
             )
         return None
 
