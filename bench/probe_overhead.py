@@ -11,14 +11,21 @@ interleaved rounds in one process so that machine noise hits all arms alike:
   seed      a hook like the seed's first one: a dict per row kept in a list,
             a closure per submission assigned to the ticket (a cycle each)
 
+  base      with --baseline REF: the probe client of git revision REF (say,
+            the previous release), attached the same way, in the same rounds,
+            so a change to the hot path is measured side by side
+
 Prints the median per-step time of each arm over the rounds and the added
-time against `none`. Usage: python bench/probe_overhead.py [--steps N] [--rounds R]
+time against `none`. Usage: python bench/probe_overhead.py [--steps N]
+[--rounds R] [--baseline REF]
 """
 
 import argparse
 import gc
+import importlib
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -27,6 +34,8 @@ from pathlib import Path
 import probe_client
 from stallscope.demo.child import DaemonChild
 from stallscope.demo.engine import Executor, NoWork, Ticket, ToyEngine
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def seed_hook(engine):
@@ -73,6 +82,30 @@ def seed_hook(engine):
     return rows
 
 
+def load_baseline(ref, into):
+    """The probe_client package of git revision `ref`, imported as
+    probe_client_base (its modules import each other relatively)."""
+    pkg = into / "probe_client_base"
+    pkg.mkdir()
+    names = subprocess.run(
+        ["git", "-C", str(ROOT), "ls-tree", "--name-only", f"{ref}:probe_client"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    for name in names:
+        if name.endswith(".py"):
+            text = subprocess.run(
+                ["git", "-C", str(ROOT), "show", f"{ref}:probe_client/{name}"],
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout
+            (pkg / name).write_text(text)
+    sys.path.insert(0, str(into))
+    return importlib.import_module("probe_client_base")
+
+
 def time_steps(engine, steps, period_ns):
     """Mean ns inside `_step()`; steps start every `period_ns` (0: back to back).
 
@@ -107,6 +140,7 @@ def main():
         default=100.0,
         help="one step every this many us (0: back to back)",
     )
+    ap.add_argument("--baseline", metavar="REF", help="also time the probe client of git REF")
     a = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="stallscope-bench-"))
     daemon = DaemonChild(
@@ -126,7 +160,20 @@ def main():
         ticket_class = OfflineTicket
 
     arms["offline"].executor = OfflineExecutor(NoWork())
-    for p, e, ticket in ((probe, arms["probe"], Ticket), (offline, arms["offline"], OfflineTicket)):
+    attach_to = [(probe, arms["probe"], Ticket), (offline, arms["offline"], OfflineTicket)]
+    base = None
+    if a.baseline:
+        base = load_baseline(a.baseline, tmp).connect(socket_path=daemon.socket, gc=True)
+
+        class BaseTicket(Ticket):
+            collect = Ticket.collect
+
+        class BaseExecutor(Executor):
+            ticket_class = BaseTicket
+
+        arms["base"] = ToyEngine(BaseExecutor(NoWork()))
+        attach_to.append((base, arms["base"], BaseTicket))
+    for p, e, ticket in attach_to:
         p.attach(e, "_step", kind="step")
         p.attach(
             e, "_schedule", kind="schedule", stage="result.phase", batch="len(result.requests)"
@@ -145,10 +192,20 @@ def main():
     arms["none"].executor = PlainExecutor(NoWork())
     arms["seed"].executor = PlainExecutor(NoWork())
     seed_rows = seed_hook(arms["seed"])
+    # A live arm's records are decoded by the daemon while the next arm runs:
+    # each live arm (probe, base) follows an arm that sent nothing, so that
+    # neither pays for the other's decoding.
+    order = ["none", "probe", "offline"] + (["base"] if "base" in arms else []) + ["seed"]
+    arms = {k: arms[k] for k in order}
     results = {k: [] for k in arms}
     collections = {k: [0, 0, 0] for k in arms}
-    for _ in range(a.rounds):
-        for name, engine in arms.items():
+    swapped = list(arms)
+    if "base" in arms:  # every other round, probe and base trade places
+        i, j = swapped.index("probe"), swapped.index("base")
+        swapped[i], swapped[j] = swapped[j], swapped[i]
+    for round_no in range(a.rounds):
+        for name in swapped if round_no % 2 else list(arms):
+            engine = arms[name]
             before = [s["collections"] for s in gc.get_stats()]
             results[name].append(time_steps(engine, a.steps, int(a.period_us * 1000)))
             after = [s["collections"] for s in gc.get_stats()]
@@ -157,6 +214,8 @@ def main():
         seed_rows.clear()
     probe.close()
     offline.close()
+    if base is not None:
+        base.close()
     daemon.stop()
     stored = daemon.scalar("SELECT count(*) FROM spans")
     med = {k: statistics.median(v) for k, v in results.items()}

@@ -54,8 +54,8 @@ class EventProbe(Probe):
     """A probe that can also send run events (EVENT datagrams: a problem
     with a spec, an attached target) once it is connected."""
 
-    def _init_buffers(self):
-        super()._init_buffers()
+    def _init_buffers(self, *args, **kwargs):
+        super()._init_buffers(*args, **kwargs)
         self._events = []  # encoded EVENT datagrams not yet sent
 
     def event(self, kind, target, message):

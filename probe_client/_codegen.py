@@ -48,7 +48,7 @@ def {p}make({p}p, {p}target, {p}owner, {p}self, {p}kid, {p}true_name, {p}sid, {p
                     {p}pack({p}buf, {p}pos, {rtype}, {p}st.depth, {p}kid, {p}st.tid, {p}t0, {p}t1,
                            {p}st.stage_id, {p}st.batch)
                     if {p}st.ext:
-                        {p}p._put_ext_locked({p}pos + {rs}, {p}st)
+                        {p}p._put_ext_locked({p}pos + {rs}, {p}st.work, {p}st.idle)
                     else:
                         {p}p._pos = {p}pos + {rs}
                 finally:
@@ -172,9 +172,10 @@ def _dress(wrapper, shown, wrapped):
     if code is None and isinstance(shown, types.MethodType):
         code = getattr(shown.__func__, "__code__", None)
     if code is not None:
-        wrapper.__code__ = wrapper.__code__.replace(
-            co_name=code.co_name, co_qualname=code.co_qualname
-        )
+        names = {"co_name": code.co_name}
+        if hasattr(code, "co_qualname"):  # Python >= 3.11
+            names["co_qualname"] = code.co_qualname
+        wrapper.__code__ = wrapper.__code__.replace(**names)
     for attr in ("__module__", "__doc__", "__name__", "__qualname__"):
         try:
             setattr(wrapper, attr, getattr(shown, attr))

@@ -16,7 +16,6 @@ writes and the GC callback; `_transport.py` the buffer and the socket,
 
 import gc as _gc
 import os
-import socket
 import threading
 import weakref
 
@@ -24,7 +23,6 @@ from . import _codegen, _wrap, wire
 from ._transport import (
     FLUSH_INTERVAL_NS,
     FULL_AT,
-    GC_RING_SLOTS,
     MOSTLY_FULL_AT,
     Transport,
     _live_probes,
@@ -41,6 +39,7 @@ _REC_GC = wire.REC_GC
 _HDR = wire.HEADER_SIZE
 _RS = wire.RECORD_SIZE
 _U32 = wire.U32_MAX
+_I64 = 1 << 63
 
 # Numbers and functions the generated wrappers are compiled with.
 _CONSTS = {
@@ -72,11 +71,11 @@ class _ThreadState:
 class Probe(Transport):
     """One run of one process, as seen by the daemon. Create with `connect()`."""
 
-    def __init__(self, socket_path=None, run_label=None, gc=True):
+    def __init__(self, socket_path=None, run_label=None, gc=True, close_wait_ms=None):
         self.socket_path = socket_path or os.environ.get(SOCKET_ENV) or DEFAULT_SOCKET
         self.run_label = run_label or ""
         self._want_gc = bool(gc)
-        self._init_buffers()
+        self._init_buffers(close_wait_ms)
         self._ids = {}  # name (or enum) -> string id; kinds and stages
         self._names = []  # string id - 1 -> encoded name
         self._attached = []  # (owner, name, had_own, previous) for detach
@@ -95,9 +94,12 @@ class Probe(Transport):
         """Start of a span: CLOCK_MONOTONIC nanoseconds, to pass to `end()`."""
         return _monotonic_ns()
 
-    def end(self, kind, t0, stage=None, batch=None):
+    def end(self, kind, t0, stage=None, batch=None, work=None, idle=None):
         """Record the span `kind` from `t0` to now; never raises.
 
+        `stage`, `batch`, `work` (an integer work measure) and `idle` (a
+        bool) label this span; left out, stage and batch are the thread's
+        current ones (set by attached methods), and work and idle too.
         Outside any attached method or `span()` block this is an outermost
         span end: the buffer is sent if it is older than 20 ms or 3/4 full."""
         try:
@@ -112,6 +114,16 @@ class Probe(Transport):
             sid = st.stage_id if stage is None else self._sid(stage)
             if batch is None:
                 batch = st.batch
+            if work is None:
+                work = st.work
+            else:
+                work = int(work)
+                if not -_I64 <= work < _I64:
+                    work = None
+            if idle is None:
+                idle = st.idle
+            else:
+                idle = bool(idle)
             self._lock.acquire()
             try:
                 pos = self._pos
@@ -121,22 +133,29 @@ class Probe(Transport):
                 _pack_record(
                     self._buf, pos, _REC_SPAN, st.depth, kid, st.tid, t0, t1, sid, batch & _U32
                 )
-                self._pos = pos + _RS
+                if work is None and idle is None:
+                    self._pos = pos + _RS
+                else:
+                    self._put_ext_locked(pos + _RS, work, idle)
             finally:
                 self._lock.release()
             if st.depth == 0:
                 st.stage_id = 0
                 st.batch = 0
+                if st.ext:
+                    st.ext = 0
+                    st.work = None
+                    st.idle = None
                 if t1 - self._last_send_ns >= FLUSH_INTERVAL_NS or self._pos >= MOSTLY_FULL_AT:
                     self._flush(t1)
         except Exception:
             self.errors += 1
 
-    def span(self, kind, stage=None, batch=None):
+    def span(self, kind, stage=None, batch=None, work=None, idle=None):
         """Context manager around a block: `with probe.span("prefill", batch=3):`."""
-        return _Span(self, kind, stage, batch)
+        return _Span(self, kind, stage, batch, work, idle)
 
-    def attach(self, target, path, kind, stage=None, batch=None):
+    def attach(self, target, path, kind, stage=None, batch=None, work=None, idle=None):
         """Wrap the method `path` (dotted, relative to `target`) in place.
 
         `target` may be an instance (only that object's calls are timed) or a
@@ -166,7 +185,7 @@ class Probe(Transport):
             plan = _wrap.plan_class(owner, name)
         else:
             plan = _wrap.plan_instance(owner, name, path)
-        exprs = {"stage": stage, "batch": batch}
+        exprs = {"stage": stage, "batch": batch, "work": work, "idle": idle}
         wrapper = _codegen.build(self, plan, self._intern(kind), exprs, _CONSTS)
         wrapper.__stallscope_kind__ = kind
         if plan.store == "static":
@@ -196,10 +215,17 @@ class Probe(Transport):
             self.errors += 1
 
     def close(self):
-        """Flush, say goodbye, detach every wrapper and the GC callback."""
+        """Flush, say goodbye, detach every wrapper and the GC callback.
+
+        Waits at most `close_wait_ms` (default 100 ms, $STALLSCOPE_CLOSE_WAIT_MS,
+        0: no wait) for socket space so the last records and the BYE land."""
         if self._closed:
             return
         self._closed = True
+        try:
+            _gc.callbacks.remove(self._on_gc)  # first: nothing after close is recorded
+        except ValueError:
+            pass
         for owner, name, had_own, previous in reversed(self._attached):
             if isinstance(owner, weakref.ref):
                 owner = owner()
@@ -214,22 +240,9 @@ class Probe(Transport):
                 pass
         self._attached.clear()
         try:
-            _gc.callbacks.remove(self._on_gc)
-        except ValueError:
-            pass
-        with self._lock:
-            self._drain_gc_locked()
-            self._send_locked(_monotonic_ns())
-            if self._sock is not None:
-                try:
-                    self._sock.send(
-                        self._header(wire.DGRAM_BYE, 0, _monotonic_ns()),
-                        socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL,
-                    )
-                except OSError:
-                    pass
-                self._disconnect()
-        _live_probes.discard(self)
+            self._close_transport()
+        finally:
+            _live_probes.discard(self)
 
     @property
     def connected(self):
@@ -242,7 +255,8 @@ class Probe(Transport):
             "drops_full": self.drops_full,
             "drops_disconnected": self.drops_disconnected,
             "errors": self.errors,
-            "next_seq": self._seq + (self._pos - _HDR) // _RS,
+            "drops_gc_ring": self.drops_gc_ring,
+            "next_seq": self._seq + ((self._pos - _HDR) >> 5) - self._seqless,
             "connected": self.connected,
             "run_token": self.run_token,
         }
@@ -266,12 +280,18 @@ class Probe(Transport):
                 return
             t1 = _monotonic_ns()
             w = self._gc_w
-            if w - self._gc_r >= GC_RING_SLOTS:
-                self._gc_lost += 1
-                return
+            if w - self._gc_r >= self._gc_slots:
+                if self._lock.acquire(False):  # never waits: a thread may hold it
+                    try:
+                        self._drain_gc_locked(send=False)
+                    finally:
+                        self._lock.release()
+                if w - self._gc_r >= self._gc_slots:
+                    self._gc_lost += 1
+                    return
             _pack_record(
                 self._gc_buf,
-                (w % GC_RING_SLOTS) * _RS,
+                (w % self._gc_slots) * _RS,
                 _REC_GC,
                 info["generation"],
                 0,
@@ -282,6 +302,14 @@ class Probe(Transport):
                 min(info["uncollectable"], _U32),
             )
             self._gc_w = w + 1
+            if w + 1 - self._gc_r >= self._gc_half and self._lock.acquire(False):
+                # A burst with no flush in sight (a big heap built between
+                # steps): move the ring into the buffer now, on this
+                # callback's own schedule; never waits for the lock, never sends.
+                try:
+                    self._drain_gc_locked(send=False)
+                finally:
+                    self._lock.release()
         except Exception:
             self.errors += 1
 
@@ -314,13 +342,15 @@ class Probe(Transport):
 
 
 class _Span:
-    __slots__ = ("probe", "kind", "stage", "batch", "t0")
+    __slots__ = ("probe", "kind", "stage", "batch", "work", "idle", "t0")
 
-    def __init__(self, probe, kind, stage, batch):
+    def __init__(self, probe, kind, stage, batch, work, idle):
         self.probe = probe
         self.kind = kind
         self.stage = stage
         self.batch = batch
+        self.work = work
+        self.idle = idle
 
     def __enter__(self):
         probe = self.probe
@@ -334,5 +364,5 @@ class _Span:
 
     def __exit__(self, *exc):
         self.probe._local.st.depth -= 1
-        self.probe.end(self.kind, self.t0, self.stage, self.batch)
+        self.probe.end(self.kind, self.t0, self.stage, self.batch, self.work, self.idle)
         return False

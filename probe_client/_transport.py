@@ -1,63 +1,74 @@
-"""The probe's transport: the record buffer, the GC ring, the socket and its sends.
+"""The probe's transport: the record buffer, the GC ring, the sends and close.
 
 `Transport` is the base of `Probe`: it owns the preallocated datagram buffer
 (records are packed into it under one lock), the single-producer GC ring,
-the connection to the daemon (HELLO, names, RECORDS, BYE), reconnection at
-most once a second, the background flusher thread and the fork and exit
-hooks. A send is one non-blocking syscall on a memoryview made in advance:
-a full socket or an absent daemon is a counted drop and a gap in the
-sequence numbers, never a wait and never an exception into the engine.
-Standard library only; nothing here allocates a tracked object per record.
+the sends of RECORDS (sequence numbers, drops, the COUNTERS record after a
+GC ring overflow), the bounded wait for socket space at close and the BYE,
+the background flusher thread and the fork and exit hooks; `_connection.py`
+(its base) connects and sends HELLO and names. A send is one non-blocking
+syscall on a memoryview made in advance: a full socket or an absent daemon
+is a counted drop and a gap in the sequence numbers, never a wait (except
+close()'s bounded one) and never an exception into the engine. Standard
+library only; nothing here allocates a tracked object per record.
 """
 
 import atexit
-import gc as _gc
-import json
 import os
-import signal
+import select
 import socket
-import sys
-import sysconfig
 import threading
 import time
 import weakref
 
 from . import wire
+from ._connection import RECONNECT_INTERVAL_NS, Connection
 
-RECONNECT_INTERVAL_NS = 1_000_000_000  # at most one connection attempt a second
 FLUSH_INTERVAL_NS = 20_000_000  # an outermost span end sends if older than this
 IDLE_FLUSH_S = 0.1  # the background flusher's period
-GC_RING_SLOTS = 256
+# GC records wait here until a flush (a span end, the 100 ms flusher) or, past
+# half full, the GC callback itself moves them into the buffer. 4096 slots
+# (128 KiB) hold a burst of ~4,000 collections with no flush at all, e.g. an
+# 800k-object heap built right after connect() (~1,150 gen-0 passes).
+GC_RING_SLOTS = 4096
+CLOSE_WAIT_ENV = "STALLSCOPE_CLOSE_WAIT_MS"
+CLOSE_WAIT_MS = 100  # default bound on close()'s wait for socket space
 
 _monotonic_ns = time.monotonic_ns
 _native_id = threading.get_native_id
 _pack_header = wire.HEADER.pack_into
+_pack_ext = wire.EXT_RECORD.pack_into
+_REC_SPAN_EXT = wire.REC_SPAN_EXT
+_REC_COUNTERS = wire.REC_COUNTERS
 _HDR = wire.HEADER_SIZE
 _RS = wire.RECORD_SIZE
 _U32 = wire.U32_MAX
-FULL_AT = wire.DATAGRAM_MAX
+FULL_AT = wire.DATAGRAM_MAX - _RS  # a write needs room for a span and its SPAN_EXT
 MOSTLY_FULL_AT = wire.HEADER_SIZE + (wire.MAX_RECORDS * 3 // 4) * wire.RECORD_SIZE
 
-_live_probes = weakref.WeakSet()
+# Every open probe, held until close(): one dropped without close() still
+# sends its last records and its BYE from the exit hook (with gc=True the GC
+# callback held it anyway).
+_live_probes = set()
 
 
-def _free_threaded():
-    return (
-        bool(sysconfig.get_config_var("Py_GIL_DISABLED"))
-        and not getattr(sys, "_is_gil_enabled", lambda: True)()
-    )
-
-
-class Transport:
+class Transport(Connection):
     """Buffer, GC ring and connection of one probe (the base of `Probe`)."""
 
-    def _init_buffers(self):
+    def _init_buffers(self, close_wait_ms):
+        if close_wait_ms is None:
+            try:
+                close_wait_ms = float(os.environ.get(CLOSE_WAIT_ENV, CLOSE_WAIT_MS))
+            except ValueError:
+                close_wait_ms = CLOSE_WAIT_MS
+        self.close_wait_ns = max(0, int(close_wait_ms * 1_000_000))
         self._lock = threading.Lock()
         self._buf = bytearray(wire.DATAGRAM_MAX)
         # One memoryview per possible datagram length, made once, so that a
         # send never creates a (GC-tracked) memoryview.
         whole = memoryview(self._buf)
         self._views = tuple(whole[: _HDR + n * _RS] for n in range(wire.MAX_RECORDS + 1))
+        self._gc_slots = GC_RING_SLOTS
+        self._gc_half = GC_RING_SLOTS // 2
         self._gc_buf = bytearray(GC_RING_SLOTS * _RS)
         self._sock = None
         self._fd = -1
@@ -67,11 +78,15 @@ class Transport:
     def _reset_run_state(self):
         self.run_token = int.from_bytes(os.urandom(8), "little") >> 1
         self._pos = _HDR
+        self._seqless = 0  # records in the buffer without a sequence number
         self._seq = 0  # sequence number of the buffer's first record
         self._last_send_ns = 0
         self._strings_sent = 0  # names already sent on this connection
-        self.drops_full = 0  # records lost to a full socket or GC ring
+        self.drops_full = 0  # records lost to a full socket
         self.drops_disconnected = 0  # records lost while no daemon was there
+        self.drops_gc_ring = 0  # GC records lost to a full GC ring
+        self._gc_ring_told = 0  # drops_gc_ring as last sent in a COUNTERS record
+        self._gc_ring_in_buf = -1  # the value in the buffer's COUNTERS record
         self.sent_records = 0
         self._gc_w = 0
         self._gc_r = 0
@@ -91,7 +106,9 @@ class Transport:
         if self._pos >= FULL_AT:
             self._send_locked(now)
 
-    def _drain_gc_locked(self):
+    def _drain_gc_locked(self, keep=False, send=True):
+        """Move the GC ring's records into the buffer. `send=False` (from the
+        GC callback itself) stops when the buffer is full instead of sending."""
         # Single producer (the GC callback, which CPython never re-enters)
         # and a consumer holding the lock: the producer fills a slot, then
         # advances _gc_w, so every slot below _gc_w is complete.
@@ -99,38 +116,69 @@ class Transport:
         w = self._gc_w
         buf = self._buf
         gcbuf = self._gc_buf
+        slots = self._gc_slots
         while r < w:
-            if self._pos >= FULL_AT:
-                self._send_locked(_monotonic_ns())
-            off = (r % GC_RING_SLOTS) * _RS
+            if self._pos >= FULL_AT and not (send and self._send_locked(_monotonic_ns(), keep)):
+                self._gc_r = r
+                return  # close() waits for space and comes back
+            off = (r % slots) * _RS
             pos = self._pos
             buf[pos : pos + _RS] = gcbuf[off : off + _RS]
             self._pos = pos + _RS
             r += 1
         self._gc_r = r
         lost = self._gc_lost
-        if lost:
+        if lost and send:
             # Collections the ring could not hold: send what precedes them,
-            # then skip their sequence numbers so the daemon sees the gap.
+            # then skip their sequence numbers so the daemon sees the gap,
+            # and say in a COUNTERS record that the ring, not the socket, lost them.
+            if not self._send_locked(_monotonic_ns(), keep):
+                return
             self._gc_lost = 0
-            self._send_locked(_monotonic_ns())
             self._seq += lost
-            self.drops_full += lost
+            self.drops_gc_ring += lost
+            self._start_buffer_locked()
 
-    def _send_locked(self, now):
+    def _start_buffer_locked(self):
+        """An empty buffer starts with a COUNTERS record while the daemon has
+        not been told the GC ring's latest losses."""
+        if self.drops_gc_ring != self._gc_ring_told and self._pos == _HDR:
+            _pack_ext(self._buf, _HDR, _REC_COUNTERS, 0, 0, 0, self.drops_gc_ring, 0, 0, 0)
+            self._gc_ring_in_buf = self.drops_gc_ring
+            self._pos = _HDR + _RS
+            self._seqless = 1
+
+    def _put_ext_locked(self, pos, work, idle):
+        """The SPAN_EXT record after the span at pos - 32 (work, idle)."""
+        flags = 0
+        if work is not None:
+            flags = wire.EXT_HAS_WORK
+        else:
+            work = 0
+        if idle is not None:
+            flags |= wire.EXT_HAS_IDLE | (wire.EXT_IDLE if idle else 0)
+        _pack_ext(self._buf, pos, _REC_SPAN_EXT, flags, 0, 0, work, 0, 0, 0)
+        self._pos = pos + _RS
+        self._seqless += 1
+
+    def _send_locked(self, now, keep=False):
+        """Send the buffer; on a full socket drop it (counted), or with
+        `keep` (close() only) leave it in place and return False."""
         n = (self._pos - _HDR) >> 5
         if n == 0:
-            return
+            return True
+        n_seq = n - self._seqless
         if self._sock is None or self._strings_sent < len(self._names):
             if not self._ensure_connected(now):
+                if keep and self._sock is not None:
+                    return False
                 if self._sock is None:
-                    self.drops_disconnected += n
+                    self.drops_disconnected += n_seq
                 else:
-                    self.drops_full += n
-                self._seq += n
-                self._pos = _HDR
-                self._last_send_ns = now
-                return
+                    self.drops_full += n_seq
+                self._seq += n_seq
+                self._reset_buffer_locked(now)
+                return True
         _pack_header(
             self._buf,
             0,
@@ -146,131 +194,78 @@ class Transport:
         )
         try:
             self._write(self._fd, self._views[n])
-            self.sent_records += n
+            self.sent_records += n_seq
+            if self._gc_ring_in_buf >= 0:
+                self._gc_ring_told = self._gc_ring_in_buf
         except BlockingIOError:
-            self.drops_full += n
+            if keep:
+                return False
+            self.drops_full += n_seq
         except OSError:
-            self.drops_disconnected += n
+            self.drops_disconnected += n_seq
             self._disconnect()
             self._next_connect_ns = now + RECONNECT_INTERVAL_NS
-        self._seq += n
+        self._seq += n_seq
+        self._reset_buffer_locked(now)
+        return True
+
+    def _reset_buffer_locked(self, now):
         self._pos = _HDR
+        self._seqless = 0
+        self._gc_ring_in_buf = -1
         self._last_send_ns = now
+        if self.drops_gc_ring != self._gc_ring_told:
+            self._start_buffer_locked()
 
-    def _header(self, kind, count, now):
-        hdr = bytearray(_HDR)
-        _pack_header(
-            hdr,
-            0,
-            wire.MAGIC,
-            wire.VERSION,
-            kind,
-            count,
-            _RS,
-            self._seq,
-            now,
-            self.drops_full & _U32,
-            self.drops_disconnected & _U32,
-        )
-        return hdr
+    def _close_transport(self):
+        """Send what is left, then BYE, waiting for socket space at most
+        `close_wait_ns` in all (the only wait the probe ever makes: at close
+        and exit, never on the hot path). What still does not fit is a
+        counted drop, and the BYE's sequence number reports it."""
+        deadline = _monotonic_ns() + self.close_wait_ns
+        final = self.close_wait_ns <= 0
+        while True:
+            with self._lock:
+                now = _monotonic_ns()
+                keep = not final
+                self._drain_gc_locked(keep)
+                done = self._gc_r == self._gc_w and not self._gc_lost
+                done = self._send_locked(now, keep) and done
+                if done and self._send_bye_locked():
+                    return
+                fd = self._fd
+            if final or fd < 0:
+                if fd < 0:
+                    return
+                with self._lock:
+                    self._disconnect()  # BYE did not fit: the daemon sees EOF
+                return
+            left_ms = (deadline - _monotonic_ns()) // 1_000_000
+            if left_ms <= 0:
+                final = True  # one last non-blocking try, dropping what is left
+                continue
+            try:
+                poller = select.poll()
+                poller.register(fd, select.POLLOUT)
+                poller.poll(min(left_ms, 50))
+            except (OSError, ValueError):
+                final = True
 
-    def _ensure_connected(self, now):
-        """Connect if needed and send the names the daemon lacks. Called with
-        the lock held; at most one connection attempt per second."""
+    def _send_bye_locked(self):
+        """BYE with the next sequence number; True once sent (or no socket)."""
         if self._sock is None:
-            if self._closed or now < self._next_connect_ns:
-                return False  # closed: a straggling wrapper call must not reconnect
-            self._next_connect_ns = now + RECONNECT_INTERVAL_NS
-            if not self._connect():
-                return False
-        return self._send_strings()
-
-    def _try_connect(self, now):
-        with self._lock:
-            self._next_connect_ns = now + RECONNECT_INTERVAL_NS
-            if self._connect():
-                self._send_strings()
-
-    def _connect(self):
-        sock = None
+            return True
         try:
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
-            sock.setblocking(False)
-            sock.connect(self.socket_path)
-            sock.send(self._hello(), socket.MSG_NOSIGNAL)
-        except OSError:
-            if sock is not None:
-                sock.close()
+            self._sock.send(
+                self._header(wire.DGRAM_BYE, 0, _monotonic_ns()),
+                socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL,
+            )
+        except BlockingIOError:
             return False
-        self._sock = sock
-        self._fd = sock.fileno()
-        self._strings_sent = 0
-        # os.write takes no argument tuple (socket.send does); use it when
-        # SIGPIPE is ignored (CPython's default) so a dead peer is EPIPE, not
-        # a signal. Otherwise send with MSG_NOSIGNAL.
-        if signal.getsignal(signal.SIGPIPE) == signal.SIG_IGN:
-            self._write = os.write
-        else:
-
-            def _send(fd, data, _s=sock.send, _f=socket.MSG_NOSIGNAL):
-                return _s(data, _f)
-
-            self._write = _send
+        except OSError:
+            pass
+        self._disconnect()
         return True
-
-    def _send_strings(self):
-        while self._strings_sent < len(self._names):
-            chunk = self._names[self._strings_sent : self._strings_sent + wire.MAX_RECORDS]
-            out = self._header(wire.DGRAM_RECORDS, len(chunk), _monotonic_ns())
-            out.extend(bytes(len(chunk) * _RS))
-            for i, name in enumerate(chunk):
-                # String records carry no sequence number (only span and GC
-                # records do); the header's first_seq is the next record's.
-                wire.STRING_RECORD.pack_into(
-                    out, _HDR + i * _RS, wire.REC_STRING, 0, self._strings_sent + i + 1, 0, name
-                )
-            try:
-                self._sock.send(out, socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL)
-            except BlockingIOError:
-                return False  # socket full: try again at the next flush
-            except OSError:
-                self._disconnect()
-                return False
-            self._strings_sent += len(chunk)
-        return True
-
-    def _hello(self):
-        now_mono = _monotonic_ns()
-        info = {
-            "pid": os.getpid(),
-            "tid": _native_id(),
-            "run_token": self.run_token,
-            "label": self.run_label,
-            "argv": list(sys.argv),
-            "python": sys.version.split()[0],
-            "implementation": sys.implementation.name,
-            "free_threaded": _free_threaded(),
-            "gc_threshold": list(_gc.get_threshold()),
-            "gc_count": list(_gc.get_count()),
-            "freeze_count": _gc.get_freeze_count() if hasattr(_gc, "get_freeze_count") else None,
-            "gc_enabled": _gc.isenabled(),
-            "gc_callback": self._want_gc,
-            "realtime_ns": time.time_ns(),
-            "monotonic_ns": now_mono,
-            "client_version": 1,
-        }
-        data = json.dumps(info, separators=(",", ":")).encode()[: wire.HELLO_MAX]
-        return bytes(self._header(wire.DGRAM_HELLO, 0, now_mono)) + data
-
-    def _disconnect(self):
-        sock, self._sock = self._sock, None
-        self._write = None
-        self._fd = -1
-        if sock is not None:
-            try:
-                sock.close()
-            except OSError:
-                pass
 
     def _start_flusher(self):
         t = threading.Thread(

@@ -241,7 +241,10 @@ def plan_instance(owner, name, path):
                 return Plan(unbound, "weak", "plain", current, owner_ref=weakref.ref(owner))
             except TypeError:
                 pass
-    if _reaches(current, owner):
+    if not in_dict and _reaches(current, owner):
+        # Made by the lookup (a descriptor's fresh closure over the instance):
+        # storing it on the instance would make a new cycle. One that already
+        # sits in the instance's __dict__ is in that cycle already.
         raise AttachError(
             f"{path}: the callable found there refers back to the object it is stored on, "
             "so the wrapper would hold a reference cycle; attach to its class instead"

@@ -10,7 +10,11 @@ client inside other people's serving processes.
 import struct
 
 MAGIC = 0x5353  # b"SS"
-VERSION = 1
+# Version 2 adds the sequence-less SPAN_EXT and COUNTERS records and takes GC
+# ring overflows out of the header's drops_full. A daemon accepts every
+# version in VERSIONS and refuses a newer one (`unsupported_version`).
+VERSION = 2
+VERSIONS = (1, 2)
 
 HEADER_SIZE = 32
 RECORD_SIZE = 32
@@ -18,13 +22,22 @@ RECORD_SIZE = 32
 # Datagram kinds (header byte 3).
 DGRAM_HELLO = 1  # payload: UTF-8 JSON describing the process and run
 DGRAM_RECORDS = 2  # payload: record_count fixed-size records
-DGRAM_BYE = 3  # no payload: the client closed cleanly
+DGRAM_BYE = 3  # no payload: the client closed; first_seq = its next sequence number
 
 # Record types (record byte 0).
 REC_SPAN = 1  # flags=depth, kind_id, tid, start_ns, end_ns, stage_id, batch
 REC_GC = 2  # flags=generation, tid, start_ns, end_ns, collected, uncollectable
 REC_STRING = 3  # kind_id=string id, bytes 8..31 = UTF-8 name, NUL padded
-REC_TYPES = (REC_SPAN, REC_GC, REC_STRING)
+# Version 2 only; neither carries a sequence number:
+REC_SPAN_EXT = 4  # the preceding SPAN's work (start_ns field, i64) and idle (flags)
+REC_COUNTERS = 5  # start_ns field = GC records lost to a full GC ring so far (u64)
+REC_TYPES = (REC_SPAN, REC_GC, REC_STRING, REC_SPAN_EXT, REC_COUNTERS)
+SEQLESS_TYPES = {1: (REC_STRING,), 2: (REC_STRING, REC_SPAN_EXT, REC_COUNTERS)}
+
+# SPAN_EXT flags: which fields hold a value, and the idle mark.
+EXT_HAS_WORK = 1
+EXT_HAS_IDLE = 2
+EXT_IDLE = 4
 
 STRING_MAX_BYTES = 24
 
@@ -36,9 +49,11 @@ HEADER = struct.Struct("<HBBHHQQII")
 RECORD = struct.Struct("<BBHIQQII")
 # rtype u8, flags u8, string id u16, reserved u32, name 24s
 STRING_RECORD = struct.Struct("<BBHI24s")
+# rtype u8, flags u8, 0 u16, 0 u32, work i64 (SPAN_EXT) or count u64 (COUNTERS), 0 u64, 0, 0
+EXT_RECORD = struct.Struct("<BBHIqQII")
 
 assert HEADER.size == HEADER_SIZE and RECORD.size == RECORD_SIZE
-assert STRING_RECORD.size == RECORD_SIZE
+assert STRING_RECORD.size == RECORD_SIZE and EXT_RECORD.size == RECORD_SIZE
 
 # Records per datagram: 511 records + header = 16 KiB, far below the Unix
 # socket's datagram limit (net.core.wmem_default, ~208 KiB). A send costs

@@ -21,15 +21,8 @@ def _subparsers(parser):
 def test_the_command_table_is_the_parser():
     assert list(_subparsers(cli.build_parser())) == list(cli.COMMANDS)
     assert set(cli.COMMANDS) == {
-        "daemon",
-        "run",
-        "demo",
-        "query",
-        "report",
-        "compare",
-        "top",
-        "status",
-    }
+        "daemon", "run", "demo", "query", "report", "compare", "top", "status", "deep",
+    }  # fmt: skip
 
 
 @pytest.mark.parametrize("name", list(cli.COMMANDS))

@@ -71,7 +71,7 @@ def test_the_preset_attached_every_target(hf_run):
     events = hf_run.daemon.query(
         "SELECT kind, count(*) FROM run_events WHERE run_id = ? GROUP BY kind", [hf_run.run_id]
     )
-    assert events == [("attached", 4)]
+    assert events == [("attached", 4)]  # work= and idle= included
 
 
 def test_steps_and_their_batch_sizes_are_stored(hf_run):
@@ -86,9 +86,17 @@ def test_steps_and_their_batch_sizes_are_stored(hf_run):
     assert len(busy) >= NEW_TOKENS
     assert 2 <= max(b for _, b in busy) <= MAX_PER_BATCH
     assert {stage for stage, _ in busy} == {"prefill", "decode"}
-    # Idle iterations (no request ready: the loop waits for one) are batch 0.
+    # Idle iterations (no request ready: the loop waits for one) are batch 0,
+    # marked idle, with no work; busy ones carry their work measure.
     idle = [stage for stage, batch, _ in steps if batch == 0]
     assert idle and set(idle) == {"idle"}
+    marks = q(
+        "SELECT batch > 0, idle, min(work), max(work) FROM spans "
+        "WHERE run_id = ? AND kind = 'step' GROUP BY ALL ORDER BY 1",
+        [hf_run.run_id],
+    )
+    assert [(busy, mark) for busy, mark, _, _ in marks] == [(False, True), (True, False)]
+    assert marks[0][2:] == (0, 0) and marks[1][2] > 0
     # Nested spans: one schedule per iteration, one forward and update per busy one.
     kinds = dict(
         q("SELECT kind, count(*) FROM spans WHERE run_id = ? GROUP BY kind", [hf_run.run_id])

@@ -22,4 +22,8 @@ class DaemonProcess(DaemonChild):
         args = ["--socket", self.socket, "--db", self.db, "--gpu-backend", "none"]
         if self.sched_backend:
             args += ["--sched-backend", self.sched_backend]
+        if self.sched_backend == "none" and "--kernel-causes" not in self.extra_args:
+            # no kernel probes at all unless a test asks (they need root and
+            # take ~1 s to load)
+            args += ["--no-kernel-causes"]
         return args + self.extra_args

@@ -176,8 +176,9 @@ class Fuzzer:
         )
 
     def _k_version(self, pid, run):
-        self.expected["bad_version"] += 1
-        v = self.rng.choice([0, 2, 255, self.rng.randint(2, 255)])
+        # 0 was never a version; above wire.VERSION is a newer client.
+        v = self.rng.choice([0, wire.VERSION + 1, 255, self.rng.randint(wire.VERSION + 1, 255)])
+        self.expected["bad_version" if v == 0 else "unsupported_version"] += 1
         return self._hdr(self.rng.randint(1, 3), version=v) + self.rng.randbytes(64), run, False
 
     def _k_badkind(self, pid, run):
@@ -331,7 +332,7 @@ class Fuzzer:
                 parts.append(_STR(wire.REC_STRING, 0, sid, 0, b"name%d" % sid))
                 recs.append((wire.REC_STRING, sid, 0, 0, 0))
             else:
-                t = (0, 4, 5, 200, 255)[bits(2)]
+                t = (0, 6, 200, 255)[bits(2)]  # 4 and 5 are version 2's SPAN_EXT, COUNTERS
                 parts.append(bytes([t]) + bytes(31))
                 recs.append((t, 0, 0, 0, 0))
         return b"".join(parts), recs

@@ -399,3 +399,26 @@ def test_detach_restores_every_shape(tmp_path):
     p.close()
     for name, cls in classes.items():
         assert cls.__dict__["m"] is raw[name], name
+
+
+def test_callable_already_stored_on_the_instance_is_wrapped(probe):
+    """A hook the program stored on the instance (it refers back to the
+    instance: the cycle is the program's) is wrapped, not refused."""
+
+    class Engine:
+        def _step(self, n=1):
+            return n
+
+    class Injector:
+        def __init__(self, engine):
+            self.orig = engine._step
+            engine._step = self.step
+
+        def step(self, n=1):
+            return self.orig(n) + 1
+
+    e = Engine()
+    Injector(e)
+    probe.attach(e, "_step", kind="step")
+    assert e._step() == 2 and e._step(n=5) == 6
+    assert probe.errors == 0

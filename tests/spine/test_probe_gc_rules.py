@@ -228,8 +228,11 @@ def test_every_shape_adds_zero_net_tracked_objects(probe, gc_off, name, args, kw
     traced_cls = type("Traced", (_Shapes,), {})
     plain = count_delta(plain_cls(), 3000)
     probe.attach(traced_cls, name, kind="shape", batch="arg0")
-    traced = count_delta(traced_cls(), 3000)
-    assert traced == plain
+    # The count is process-wide: a previous test's flusher thread ending in
+    # the window frees objects (a negative delta no wrapper can cause), so a
+    # measurement is retried; an allocation per call would show every time.
+    traced = [count_delta(traced_cls(), 3000) for _ in range(3)]
+    assert plain in traced, (plain, traced)
     gc.collect()
     obj = traced_cls()
     ref = weakref.ref(obj)
@@ -239,4 +242,4 @@ def test_every_shape_adds_zero_net_tracked_objects(probe, gc_off, name, args, kw
     del obj
     assert ref() is None  # died by reference counting: no cycle through the wrapper
     assert probe.errors == 0
-    assert probe.stats()["next_seq"] >= 3000 + 100
+    assert probe.stats()["next_seq"] >= 3 * 3000 + 100

@@ -166,7 +166,8 @@ MALFORMED = [
     b"",  # empty (EOF-like; sent as 0 bytes)
     b"\x00" * 5,  # short
     b"XX" + b"\x00" * 30,  # bad magic
-    wire.HEADER.pack(wire.MAGIC, 9, wire.DGRAM_RECORDS, 0, 32, 0, 0, 0, 0),  # bad version
+    wire.HEADER.pack(wire.MAGIC, 0, wire.DGRAM_RECORDS, 0, 32, 0, 0, 0, 0),  # bad version
+    wire.HEADER.pack(wire.MAGIC, 9, wire.DGRAM_RECORDS, 0, 32, 0, 0, 0, 0),  # newer client
     wire.HEADER.pack(wire.MAGIC, wire.VERSION, 77, 0, 32, 0, 0, 0, 0),  # bad kind
 ]
 
@@ -233,6 +234,7 @@ def test_malformed_datagrams_are_counted_and_others_unaffected(daemon):
         "short_datagram": 1,
         "bad_magic": 1,
         "bad_version": 1,
+        "unsupported_version": 1,
         "bad_kind": 1,
         "length_mismatch": 1,
         "unknown_record_type": 1,

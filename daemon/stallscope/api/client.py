@@ -131,6 +131,15 @@ class Client:
         except grpc.RpcError as exc:
             raise _error(exc) from None
 
+    def start_diagnosis(self, duration_s):
+        """Open (or extend) a diagnosis window: StartDiagnosisResponse."""
+        try:
+            return self.stub.StartDiagnosis(
+                pb.StartDiagnosisRequest(duration_ms=int(round(duration_s * 1000)))
+            )
+        except grpc.RpcError as exc:
+            raise _error(exc) from None
+
     def close(self):
         self.channel.close()
 

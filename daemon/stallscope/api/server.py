@@ -271,6 +271,11 @@ class StallscopeServicer(pb_grpc.StallscopeServicer):
     def ListRuns(self, request, context):
         return pb.ListRunsResponse(runs=self._runs(live_only=request.live_only))
 
+    def StartDiagnosis(self, request, context):
+        from stallscope.service.deep import diagnosis_rpc
+
+        return diagnosis_rpc(self.daemon, request, context)
+
 
 def _stats(probe):
     try:

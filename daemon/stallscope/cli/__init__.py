@@ -2,7 +2,8 @@
 
 `COMMANDS` maps each command name to its `Command` (arguments, entry point,
 examples), defined in one module per command group: `cli/daemon.py`,
-`cli/run.py`, `cli/demo.py`, `cli/read.py` (query, report, compare, status), `cli/top.py`.
+`cli/run.py`, `cli/demo.py`, `cli/read.py` (query, report, compare, status),
+`cli/top.py`, `cli/deep.py`.
 This is the one place that turns a `StallscopeError` raised below into
 `error: ...` on stderr and an exit status (2; 130 on Ctrl-C); anything else
 is a bug and keeps its traceback. Command modules import their heavy
@@ -13,7 +14,7 @@ import argparse
 import logging
 import sys
 
-from stallscope.cli import daemon, demo, read, run, top
+from stallscope.cli import daemon, deep, demo, read, run, top
 from stallscope.errors import StallscopeError
 
 # name -> Command, in --help order.
@@ -26,6 +27,7 @@ COMMANDS = {
     "compare": read.COMPARE,
     "top": top.TOP,
     "status": read.STATUS,
+    "deep": deep.DEEP,
 }
 
 

@@ -8,6 +8,8 @@ probe clients connect and leave (and for `--pid`). It writes rows with
 batches, never a row at a time), known gaps with `sink.loss(...)` and
 changes of its state with `sink.status(...)`.
 `stop()` flushes what it holds and releases kernel or driver resources.
+`covering()` says whether it records now (a detachable probe may be loaded
+but detached); the daemon turns that into `coverage` rows per run.
 """
 
 from dataclasses import dataclass, field
@@ -77,6 +79,42 @@ class ProbeSettings:
     gpu_retry_s: float = _key(
         1.0, "look for a GPU that fell off the bus again this often, s", minimum=0
     )
+    # kernel causes inside a step (docs/kernel-causes.md)
+    kernel_causes: bool = _key(
+        True, "page-fault, IRQ, steal and syscall probes (each where it can run)"
+    )
+    deep: bool = _key(
+        False,
+        "keep the expensive probes (syscalls: every syscall on the host gets slower) "
+        "attached for the daemon's life, not only in `stallscope deep` windows",
+    )
+    syscall_threshold_us: float = _key(
+        50.0,
+        "syscalls at least this long (us) are rows of their own; shorter ones summed",
+        minimum=1,
+    )
+    kernel_poll_ms: float = _key(
+        20.0,
+        "page-fault, IRQ and syscall probes: read their ring buffers this often, ms",
+        minimum=1,
+    )
+    kernel_ring_pages: int = _key(
+        256,
+        "page-fault, IRQ and syscall probes: ring buffer size in pages each, a power of two",
+        minimum=1,
+    )
+    kernel_max_tids: int = _key(
+        16384, "page-fault and syscall probes: per-thread aggregates held at once", minimum=1
+    )
+    page_faults_flush_ms: float = _key(
+        20.0, "a thread's page faults are one row per this much time, ms", minimum=1
+    )
+    syscalls_flush_ms: float = _key(
+        20.0,
+        "a thread's short calls of one syscall are one row per this much time, ms",
+        minimum=1,
+    )
+    steal_poll_ms: float = _key(100.0, "read /proc/stat's steal time this often, ms", minimum=1)
 
 
 class Sink:
@@ -117,6 +155,11 @@ class Probe:
 
     def stop(self):
         """Flush what is held and release resources; idempotent."""
+
+    def covering(self):
+        """True while this probe records what it measures for the processes
+        it follows (the daemon writes `coverage` rows from this)."""
+        return True
 
     def status(self):
         """A small dict for GetStatus: counters, rates, settings."""

@@ -63,7 +63,7 @@ CREATE TABLE IF NOT EXISTS losses (
     start_ns BIGINT,     -- the gap lies within [start_ns, end_ns]
     end_ns   BIGINT,
     count    BIGINT,     -- records lost
-    reason   VARCHAR     -- client_disconnected, client_socket_full, daemon_restart, ...
+    reason   VARCHAR     -- client_disconnected, client_socket_full, client_tail, client_gc_ring_full, daemon_restart, store, ...
 );
 
 -- Rejected input (malformed datagrams, unknown records), counted per reason.

@@ -32,12 +32,19 @@ _INT64_MAX = (1 << 63) - 1
 # Sequence numbers at or above this are rejected (`seq_out_of_range`): they
 # are stored as BIGINT, and no client makes 2^62 records.
 SEQ_LIMIT = 1 << 62
+# The fair reader's bounds per selector round.
+DATAGRAMS_PER_ROUND = 256  # per connection
+ACCEPTS_PER_ROUND = 32  # new connections
+CONN_LOGS_PER_S = 20
 # How long shutdown keeps reading what clients already sent.
 SHUTDOWN_DRAIN_S = 1.0
 _RECV_MAX = wire.HEADER_SIZE + wire.HELLO_MAX
 _TYPE_SPAN = bytes([wire.REC_SPAN])
 _TYPE_GC = bytes([wire.REC_GC])
 _TYPE_STRING = bytes([wire.REC_STRING])
+_TYPE_EXT = bytes([wire.REC_SPAN_EXT])
+_TYPE_COUNTERS = bytes([wire.REC_COUNTERS])
+_U64 = struct.Struct("<Q")
 
 
 class Connection:
@@ -65,13 +72,18 @@ class Ingest(RunRegistry, RecordDecoder):
         on_track=None,
         on_untrack=None,
         socket_group=None,
+        on_run_end=None,
     ):
         self.store = store
         self.socket_path = socket_path
         self.host = host or socket.gethostname()
         self.allowed_uids = set(allowed_uids) if allowed_uids else None
-        self.on_track = on_track or (lambda pid: None)
+        # on_track(pid, run_id) for every run (re)connected, on_run_end(run_id)
+        # for every run whose connection closed, on_untrack(pid) once no
+        # connection of the process is left.
+        self.on_track = on_track or (lambda pid, run_id=None: None)
         self.on_untrack = on_untrack or (lambda pid: None)
+        self.on_run_end = on_run_end or (lambda run_id: None)
         self.selector = selectors.DefaultSelector()
         self.conns = {}  # fd -> Connection
         self.runs = {}  # run_id -> RunState (what decode_pending walks)
@@ -79,11 +91,15 @@ class Ingest(RunRegistry, RecordDecoder):
         self.rejections = Counter()
         self._pending_rejections = Counter()  # (run_id, pid, reason) -> n
         self._losses = []  # (run_id, start_ns, end_ns, count, reason) to append
+        self._conn_log_t0, self._conn_log_n, self._conn_log_skipped = 0.0, 0, 0
+        self._new_runs = []  # runs rows to insert with the next decode
+        self._run_changes = {}  # run_id -> [connections added, ended_ns or None]
         self.datagrams = 0
         self.records_received = 0
         self.lost_records = 0
         self._lock = threading.Lock()  # guards run state between loop and decode
         self._next_run_id = self._max_run_id() + 1
+        self._db_pids = self._pids_with_runs()  # pids a run could be resumed for
         self.listener = self._open_listener(socket_path, listen_fd, socket_group)
         if listen_fd is not None:
             # The socket file belongs to whoever passed the descriptor (systemd):
@@ -96,6 +112,13 @@ class Ingest(RunRegistry, RecordDecoder):
         cur = self.store.cursor()
         try:
             return cur.execute("SELECT coalesce(max(run_id), 0) FROM runs").fetchone()[0]
+        finally:
+            cur.close()
+
+    def _pids_with_runs(self):
+        cur = self.store.cursor()
+        try:
+            return {r[0] for r in cur.execute("SELECT DISTINCT pid FROM runs").fetchall()}
         finally:
             cur.close()
 
@@ -123,12 +146,14 @@ class Ingest(RunRegistry, RecordDecoder):
         """Serve sockets for up to `timeout` seconds (one selector round)."""
         for key, _ in self.selector.select(timeout):
             if key.data is None:
-                self._accept()
+                self._accept(ACCEPTS_PER_ROUND)
             else:
                 self._read(key.data)
 
-    def _accept(self):
-        while True:
+    def _accept(self, limit=None):
+        # Bounded per round like reads: a flood of new connections waits in
+        # the listen backlog instead of delaying the connections being read.
+        for _ in range(limit or 1 << 30):
             try:
                 sock, _ = self.listener.accept()
             except (BlockingIOError, InterruptedError):
@@ -151,7 +176,9 @@ class Ingest(RunRegistry, RecordDecoder):
 
     def _read(self, conn):
         sock = conn.sock
-        for _ in range(256):  # bounded, so one busy client cannot starve others
+        # Bounded, whatever the datagrams hold (valid, rejected, a HELLO, EOF),
+        # so one busy client cannot starve the others.
+        for _ in range(DATAGRAMS_PER_ROUND):
             try:
                 data = sock.recv(_RECV_MAX)
             except (BlockingIOError, InterruptedError):
@@ -191,8 +218,10 @@ class Ingest(RunRegistry, RecordDecoder):
         sent_ns = min(sent_ns, _INT64_MAX)  # stored as BIGINT; a lie must not fail a flush
         if magic != wire.MAGIC:
             return self._reject(run_id, conn.pid, "bad_magic")
-        if version != wire.VERSION:
-            return self._reject(run_id, conn.pid, "bad_version")
+        if version not in wire.VERSIONS:
+            # A newer client than this daemon: say so, not just "bad".
+            reason = "unsupported_version" if version > wire.VERSION else "bad_version"
+            return self._reject(run_id, conn.pid, reason)
         if kind == wire.DGRAM_HELLO:
             if run is not None:
                 return self._reject(run_id, conn.pid, "duplicate_hello")
@@ -206,12 +235,16 @@ class Ingest(RunRegistry, RecordDecoder):
             if first_seq < SEQ_LIMIT:
                 with self._lock:
                     # Records the client numbered but could not send after its
-                    # last datagram (a full socket at close) are a loss too.
+                    # last datagram (a full socket at close) are the run's
+                    # tail: no later datagram will ever show that gap.
                     if first_seq > run.expected_seq:
-                        self._gap(
-                            run, first_seq - run.expected_seq, sent_ns, drops_full, drops_disc
+                        missing = first_seq - run.expected_seq
+                        self._loss(
+                            run, missing, run.last_sent_ns or sent_ns, sent_ns, "client_tail"
                         )
                         run.expected_seq = first_seq
+                        run.unflushed = True
+                    run.drops_full, run.drops_disconnected = drops_full, drops_disc
             return None
         if kind == wire.DGRAM_EVENT:
             if run is None:
@@ -229,14 +262,32 @@ class Ingest(RunRegistry, RecordDecoder):
             return None
         types = data[wire.HEADER_SIZE :: wire.RECORD_SIZE]
         n_strings = types.count(_TYPE_STRING)
-        n_seq = count - n_strings
+        n_ext = n_counters = 0
+        if version >= 2:
+            n_ext = types.count(_TYPE_EXT)
+            n_counters = types.count(_TYPE_COUNTERS)
+        elif _TYPE_EXT in types or _TYPE_COUNTERS in types:
+            data = _v1_unknown_types(data, count)  # in v1 these are unknown types
+        n_seq = count - n_strings - n_ext - n_counters
         if first_seq >= SEQ_LIMIT:
             return self._reject(run_id, conn.pid, "seq_out_of_range")
         with self._lock:
             if first_seq < run.expected_seq:
                 return self._reject(run_id, conn.pid, "seq_regress")
+            if n_counters:
+                self._gc_ring_counter(run, data, types)
             if first_seq > run.expected_seq:
-                self._gap(run, first_seq - run.expected_seq, sent_ns, drops_full, drops_disc)
+                missing = first_seq - run.expected_seq
+                ring = min(missing, run.drops_gc_ring - run.drops_gc_ring_reported)
+                if ring > 0:
+                    # The client's GC ring overflowed: its own loss reason.
+                    run.drops_gc_ring_reported += ring
+                    self._loss(
+                        run, ring, run.last_sent_ns or sent_ns, sent_ns, "client_gc_ring_full"
+                    )
+                    missing -= ring
+                if missing:
+                    self._gap(run, missing, sent_ns, drops_full, drops_disc)
                 # Counted once: a datagram of only STRING records (sent after
                 # a drop, before the records that use the new name) carries
                 # the gap too, and the next datagram must not count it again.
@@ -245,6 +296,8 @@ class Ingest(RunRegistry, RecordDecoder):
             run.last_sent_ns = sent_ns
             if n_strings:
                 self._strings(run, data, count)
+            if n_ext and not n_seq:
+                self._reject(run_id, conn.pid, "orphan_span_ext", n_ext)
             if n_seq:
                 n_unknown = n_seq - types.count(_TYPE_SPAN) - types.count(_TYPE_GC)
                 if n_unknown:
@@ -255,6 +308,13 @@ class Ingest(RunRegistry, RecordDecoder):
                 run.expected_seq = first_seq + n_seq
                 self.records_received += n_seq
         return None
+
+    def _gc_ring_counter(self, run, data, types):
+        """The client's running count of GC records its ring dropped (the
+        last COUNTERS record of the datagram)."""
+        i = types.rfind(_TYPE_COUNTERS)
+        (total,) = _U64.unpack_from(data, wire.HEADER_SIZE + i * wire.RECORD_SIZE + 8)
+        run.drops_gc_ring = max(run.drops_gc_ring, min(total, SEQ_LIMIT))
 
     def _reject(self, run_id, pid, reason, n=1):
         self.rejections[reason] += n
@@ -275,40 +335,72 @@ class Ingest(RunRegistry, RecordDecoder):
             return
         with self._lock:
             run.connected = False
-            self.store.sql(
-                "UPDATE runs SET ended_ns = ? WHERE run_id = ?", [time.monotonic_ns(), run.run_id]
-            )
+            change = self._run_changes.setdefault(run.run_id, [0, None])
+            change[1] = time.monotonic_ns()  # written with the next decode
+        self.on_run_end(run.run_id)
         if not any(c.pid == conn.pid for c in self.conns.values()):
             self.on_untrack(conn.pid)
-        log.info("run %d: pid %d disconnected", run.run_id, conn.pid)
+        self._log_conn("run %d: pid %d disconnected", run.run_id, conn.pid)
+
+    def _log_conn(self, fmt, *args):
+        """Connection logs, at most CONN_LOGS_PER_S a second (a flood of
+        short sessions would otherwise cost a log line each)."""
+        now = time.monotonic()
+        if now - self._conn_log_t0 >= 1.0:
+            if self._conn_log_skipped:
+                log.info(
+                    "%d connection messages not logged in the last second", self._conn_log_skipped
+                )
+            self._conn_log_t0, self._conn_log_n, self._conn_log_skipped = now, 0, 0
+        if self._conn_log_n < CONN_LOGS_PER_S:
+            self._conn_log_n += 1
+            log.info(fmt, *args)
+        else:
+            self._conn_log_skipped += 1
 
     # ----- shutdown ------------------------------------------------------------------
     def close(self):
         """Stop accepting, read what is queued, decode it (the caller flushes).
 
-        Connections waiting in the listen backlog and every datagram already
-        queued on a connection hold records clients consider sent: all are
-        read (for at most `SHUTDOWN_DRAIN_S`, as clients may keep sending)."""
-        self._accept()
-        try:
-            self.selector.unregister(self.listener)
-        except (KeyError, ValueError):
-            pass
-        self.listener.close()
-        deadline = time.monotonic() + SHUTDOWN_DRAIN_S
-        pending = list(self.conns.values())
-        while pending and time.monotonic() < deadline:
-            pending = [conn for conn in pending if self._read(conn)]
-        self.decode_pending()
-        for conn in list(self.conns.values()):
-            self._close(conn)
-        self.decode_pending()
+        Every datagram a client's send() accepted must be read or its loss
+        reported: so no connection may appear, and no datagram be queued,
+        after the last read. New connections are refused first (the path is
+        removed and our own listener shut for reading; an inherited listener
+        is left to systemd, which keeps its queue for the next start), the
+        backlog is accepted, then each connection is shut for reading (a
+        client's later send() fails with EPIPE and counts as a drop it will
+        report) and read to its end, for at most `SHUTDOWN_DRAIN_S`."""
         if self.socket_path:
             try:
                 os.unlink(self.socket_path)
             except OSError as exc:
                 if exc.errno != errno.ENOENT:
                     log.warning("could not remove %s: %s", self.socket_path, exc)
+            try:
+                self.listener.shutdown(socket.SHUT_RD)
+            except OSError:
+                pass
+        self._accept()
+        try:
+            self.selector.unregister(self.listener)
+        except (KeyError, ValueError):
+            pass
+        self.listener.close()
+        for conn in list(self.conns.values()):
+            try:
+                conn.sock.shutdown(socket.SHUT_RD)
+            except OSError:
+                pass
+        deadline = time.monotonic() + SHUTDOWN_DRAIN_S
+        pending = list(self.conns.values())
+        while pending and time.monotonic() < deadline:
+            # _read is True while it read something: after SHUT_RD nothing new
+            # can arrive, so a connection is done at its first empty read.
+            pending = [conn for conn in pending if conn.sock.fileno() >= 0 and self._read(conn)]
+        self.decode_pending()
+        for conn in list(self.conns.values()):
+            self._close(conn)
+        self.decode_pending()
 
     def forget_runs(self, run_ids):
         """Drop what is kept in memory for runs retention deleted (ended runs
@@ -331,3 +423,14 @@ class Ingest(RunRegistry, RecordDecoder):
             "lost_records": self.lost_records,
             "rejections": dict(self.rejections),
         }
+
+
+def _v1_unknown_types(data, count):
+    """A version-1 datagram with record types 4 or 5 (unknown in v1, so
+    sequence-carrying): mark them 0xFF so the decoder treats them as v1 did."""
+    buf = bytearray(data)
+    for i in range(count):
+        off = wire.HEADER_SIZE + i * wire.RECORD_SIZE
+        if buf[off] in (wire.REC_SPAN_EXT, wire.REC_COUNTERS):
+            buf[off] = 0xFF
+    return bytes(buf)

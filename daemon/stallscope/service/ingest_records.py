@@ -13,6 +13,7 @@ import time
 from collections import Counter
 
 import numpy as np
+import pyarrow as pa
 
 from probe_client import wire
 
@@ -29,6 +30,7 @@ RECORD_DTYPE = np.dtype(
     ]
 )
 assert RECORD_DTYPE.itemsize == wire.RECORD_SIZE
+_SEQLESS = np.array(wire.SEQLESS_TYPES[2], dtype=np.uint8)
 
 
 class RunState:
@@ -45,6 +47,8 @@ class RunState:
         "counts",
         "drops_full",
         "drops_disconnected",
+        "drops_gc_ring",
+        "drops_gc_ring_reported",
         "records",
         "last_sent_ns",
         "connected",
@@ -62,6 +66,8 @@ class RunState:
         self.counts = []  # records in each chunk
         self.drops_full = 0
         self.drops_disconnected = 0
+        self.drops_gc_ring = 0  # the client's count (v2 COUNTERS records)
+        self.drops_gc_ring_reported = 0  # of those, stored as losses
         self.records = 0
         self.last_sent_ns = 0
         self.connected = True
@@ -105,6 +111,7 @@ class RecordDecoder:
 
     def decode_pending(self):
         """Turn every run's queued record bytes into column batches for the store."""
+        new_runs, run_changes = self._take_run_writes()
         with self._lock:
             work = []
             for run in self.runs.values():
@@ -120,11 +127,13 @@ class RecordDecoder:
             # Taken after decoding, so that what decoding rejected is written
             # now, not one decode later (or never, at shutdown).
             rejections, self._pending_rejections = self._pending_rejections, Counter()
+        new_ids = self._write_runs(new_runs, run_changes)  # rows carry their counters
         updates = []
         for run in list(self.runs.values()):
             if run.unflushed:
                 run.unflushed = False
-                updates.append((run.run_id, run.expected_seq - 1, run.records))
+                if run.run_id not in new_ids:
+                    updates.append((run.run_id, run.expected_seq - 1, run.records))
         if updates:
             # One statement for every run (not one each: ~2.5 ms apiece).
             ids, last, recs = (list(c) for c in zip(*updates, strict=True))
@@ -154,7 +163,9 @@ class RecordDecoder:
         # Sequence number of each record: its datagram's first_seq plus its
         # index among that datagram's sequence-carrying (non-string) records.
         counts = np.asarray(counts, dtype=np.int64)
-        carries = (recs["rtype"] != wire.REC_STRING).astype(np.int64)
+        rtype = recs["rtype"]
+        # v1 datagrams had their types 4 and 5 rewritten at ingest: one rule.
+        carries = (~np.isin(rtype, _SEQLESS)).astype(np.int64)
         running = np.cumsum(carries) - carries
         chunk_start = np.repeat(np.cumsum(counts) - counts, counts)
         seq = (
@@ -170,17 +181,20 @@ class RecordDecoder:
             known = ids < len(name_table)
             return name_table[np.where(known, ids, 0)], int((~known).sum())
 
-        spans = recs[recs["rtype"] == wire.REC_SPAN]
-        gcs = recs[recs["rtype"] == wire.REC_GC]
-        span_seq = seq[recs["rtype"] == wire.REC_SPAN]
-        gc_seq = seq[recs["rtype"] == wire.REC_GC]
+        is_span = rtype == wire.REC_SPAN
+        spans = recs[is_span]
+        gcs = recs[rtype == wire.REC_GC]
+        span_seq = seq[is_span]
+        gc_seq = seq[rtype == wire.REC_GC]
         run_id = run.run_id
+        work, has_work, idle, has_idle = self._span_ext(run, recs, is_span, counts, len(spans))
 
         if len(spans):
             ok = spans["end_ns"] >= spans["start_ns"]
             if not ok.all():
                 self._reject(run_id, run.pid, "span_end_before_start", int((~ok).sum()))
                 spans, span_seq = spans[ok], span_seq[ok]
+                work, has_work, idle, has_idle = work[ok], has_work[ok], idle[ok], has_idle[ok]
             kinds, bad_k = lookup(spans["kind_id"])
             stages, bad_s = lookup(spans["a"])
             if bad_k or bad_s:
@@ -197,6 +211,8 @@ class RecordDecoder:
                     "end_ns": spans["end_ns"].astype(np.int64),
                     "depth": spans["flags"].astype(np.int16),
                     "seq": span_seq,
+                    "work": pa.array(work, mask=~has_work, type=pa.int64()),
+                    "idle": pa.array(idle, mask=~has_idle, type=pa.bool_()),
                 },
             )
         if len(gcs):
@@ -218,3 +234,29 @@ class RecordDecoder:
                 },
             )
         run.records += len(spans) + len(gcs)
+
+    def _span_ext(self, run, recs, is_span, counts, n_spans):
+        """Work and idle of each span from the SPAN_EXT record right after it
+        in the same datagram (v2); (values, present) pairs, NULL if none."""
+        work = np.zeros(n_spans, dtype=np.int64)
+        has_work = np.zeros(n_spans, dtype=bool)
+        idle = np.zeros(n_spans, dtype=bool)
+        has_idle = np.zeros(n_spans, dtype=bool)
+        is_ext = recs["rtype"] == wire.REC_SPAN_EXT
+        if not is_ext.any():
+            return work, has_work, idle, has_idle
+        after_span = np.zeros(len(recs), dtype=bool)
+        after_span[1:] = is_span[:-1]
+        after_span[np.cumsum(counts) - counts] = False  # a datagram's first record
+        good = is_ext & after_span
+        orphans = int((is_ext & ~after_span).sum())
+        if orphans:
+            self._reject(run.run_id, run.pid, "orphan_span_ext", orphans)
+        at = np.flatnonzero(good)
+        target = (np.cumsum(is_span) - 1)[at - 1]  # index of the span before each
+        flags = recs["flags"][at]
+        work[target] = recs["start_ns"][at].astype(np.int64)  # the i64 bits
+        has_work[target] = (flags & wire.EXT_HAS_WORK) != 0
+        idle[target] = (flags & wire.EXT_IDLE) != 0
+        has_idle[target] = (flags & wire.EXT_HAS_IDLE) != 0
+        return work, has_work, idle, has_idle

@@ -24,8 +24,54 @@ log = logging.getLogger("stallscope.ingest")
 MAX_EVENTS_PER_RUN = 1000
 
 
+RUN_COLUMNS = (
+    "run_id pid uid gid claimed_pid tid label host started_ns realtime_ns python "
+    "implementation free_threaded gc_threshold gc_count freeze_count gc_enabled argv "
+    "client_token connected_ns last_seq"
+).split()
+
+
 class RunRegistry:
     """The HELLO half of `Ingest` (a mixin: state lives on the Ingest)."""
+
+    def _take_run_writes(self):
+        """(runs started, {run_id: [connections added, ended_ns]}) since the
+        last call; written by `_write_runs` at the end of the same decode."""
+        with self._lock:
+            new, self._new_runs = self._new_runs, []
+            changes, self._run_changes = self._run_changes, {}
+        return new, changes
+
+    def _write_runs(self, new, changes):
+        """New runs as one Arrow batch carrying their current counters (a
+        statement per HELLO cost the writer ~1 ms, and a flood of short
+        sessions must cost no more than the datagrams it sends); changes to
+        older runs as one UPDATE (the store writes rows before statements,
+        so the UPDATE finds a run appended by an earlier decode even when
+        both land in one flush). Returns the ids of the new runs."""
+        new_ids = set()
+        if new:
+            cols = {name: [] for name in RUN_COLUMNS}
+            cols.update(records=[], connections=[], ended_ns=[])
+            for run, values in new:
+                for name, value in zip(RUN_COLUMNS, values, strict=True):
+                    cols[name].append(value)
+                cols["last_seq"][-1] = run.expected_seq - 1
+                cols["records"].append(run.records)
+                conns, ended = changes.pop(run.run_id, (0, None))
+                cols["connections"].append(1 + conns)
+                cols["ended_ns"].append(ended)
+                new_ids.add(run.run_id)
+            self.store.append("runs", cols)
+        if changes:
+            ids = list(changes)
+            self.store.sql(
+                "UPDATE runs SET connections = runs.connections + u.conns, ended_ns = u.ended "
+                "FROM (SELECT unnest(?::BIGINT[]) AS run_id, unnest(?::BIGINT[]) AS conns, "
+                "unnest(?::BIGINT[]) AS ended) u WHERE runs.run_id = u.run_id",
+                [ids, [changes[r][0] for r in ids], [changes[r][1] for r in ids]],
+            )
+        return new_ids
 
     def _hello(self, conn, data, first_seq, sent_ns):
         try:
@@ -71,25 +117,23 @@ class RunRegistry:
                     self._loss(run, first_seq - run.expected_seq, run.last_sent_ns, sent_ns, reason)
                     run.expected_seq = first_seq
                 run.names = [None]  # the client re-sends every name on a new connection
-                self.store.sql(
-                    "UPDATE runs SET connections = connections + 1, ended_ns = NULL "
-                    "WHERE run_id = ?",
-                    [run.run_id],
-                )
+                change = self._run_changes.setdefault(run.run_id, [0, None])
+                change[0] += 1
+                change[1] = None  # connected again: not ended
             run.connected = True
             run.last_sent_ns = sent_ns
             conn.run = run
             self.runs[run.run_id] = run
             if token:
                 self.runs_by_token[(token, conn.pid)] = run
-        log.info(
+        self._log_conn(
             "run %d: pid %d uid %d connected (%s)",
             run.run_id,
             conn.pid,
             conn.uid,
             info.get("label") or "no label",
         )
-        self.on_track(conn.pid)
+        self.on_track(conn.pid, run.run_id)
         return None
 
     def external_run(self, pid, argv, label):
@@ -142,7 +186,9 @@ class RunRegistry:
 
     def _known_run(self, token, pid):
         """A run this database already holds (the daemon was restarted)."""
-        if not token:
+        if not token or pid not in self._db_pids:
+            # Only a pid with runs in the database can resume one from there;
+            # a query per HELLO would cost ~1 ms of the reader's time.
             return None
         try:
             cur = self.store.cursor()
@@ -168,35 +214,35 @@ class RunRegistry:
             return [_int(x, 32) for x in v[:16]] if isinstance(v, list) else None
 
         argv = info.get("argv")
-        self.store.sql(
-            "INSERT INTO runs (run_id, pid, uid, gid, claimed_pid, tid, label, host, "
-            "started_ns, realtime_ns, python, implementation, free_threaded, gc_threshold, "
-            "gc_count, freeze_count, gc_enabled, argv, client_token, connected_ns, last_seq, "
-            "records, connections) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, "
-            "?, ?, ?, ?, 0, 1)",
-            [
-                run.run_id,
-                conn.pid,
-                conn.uid,
-                conn.gid,
-                _int(info.get("pid"), 32),
-                _int(info.get("tid")),
-                str(info.get("label") or "")[:200],
-                self.host,
-                _int(info.get("monotonic_ns")),
-                _int(info.get("realtime_ns")),
-                str(info.get("python") or "")[:40],
-                str(info.get("implementation") or "")[:40],
-                bool(info.get("free_threaded")),
-                ints(info.get("gc_threshold")),
-                ints(info.get("gc_count")),
-                _int(info.get("freeze_count")),
-                info.get("gc_enabled") if isinstance(info.get("gc_enabled"), bool) else None,
-                [str(a)[:500] for a in argv[:64]] if isinstance(argv, list) else None,
-                run.token,
-                now,
-                run.expected_seq - 1,
-            ],
+        # Written by decode_pending(), with every run started since the last
+        # decode, in one batch (see _write_runs).
+        self._new_runs.append(
+            (
+                run,
+                (
+                    run.run_id,
+                    conn.pid,
+                    conn.uid,
+                    conn.gid,
+                    _int(info.get("pid"), 32),
+                    _int(info.get("tid")),
+                    str(info.get("label") or "")[:200],
+                    self.host,
+                    _int(info.get("monotonic_ns")),
+                    _int(info.get("realtime_ns")),
+                    str(info.get("python") or "")[:40],
+                    str(info.get("implementation") or "")[:40],
+                    bool(info.get("free_threaded")),
+                    ints(info.get("gc_threshold")),
+                    ints(info.get("gc_count")),
+                    _int(info.get("freeze_count")),
+                    info.get("gc_enabled") if isinstance(info.get("gc_enabled"), bool) else None,
+                    [str(a)[:500] for a in argv[:64]] if isinstance(argv, list) else None,
+                    run.token,
+                    now,
+                    run.expected_seq - 1,
+                ),
+            )
         )
 
 

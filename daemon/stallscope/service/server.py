@@ -19,6 +19,8 @@ from stallscope import probes as probe_registry
 from stallscope.probes.base import ProbeSettings, Sink
 from stallscope.service import endpoint
 from stallscope.service import reload as config_reload
+from stallscope.service.coverage import Coverage
+from stallscope.service.deep import DeepWindows
 from stallscope.service.ingest import Ingest
 from stallscope.service.retention import Retention
 from stallscope.service.store import DB_UMASK, Store
@@ -35,6 +37,9 @@ LIVE_DECODE_INTERVAL_S = 0.02
 # a moment: clients then see full sockets and count drops, and the daemon's
 # memory stays bounded instead of growing with a backlog.
 MAX_PENDING_ROWS = 250_000
+# Kernel-cause probes (docs/kernel-causes.md), started after sched and gpu;
+# `kernel_causes = none` leaves them off.
+KERNEL_CAUSE_PROBES = ("page_faults", "irq", "steal", "syscalls")
 
 
 def limit_allocator_caches():
@@ -95,6 +100,7 @@ class Daemon:
         os.umask(os.umask(DB_UMASK) | DB_UMASK)
         self.store = Store(db_path, flush_interval_s=flush_interval_s)
         self.sink = StoreSink(self.store)
+        self.coverage = Coverage(self.store)
         self.probes = []
         self.extra_pids = set(pids)
         # The CLI passes stopping.STOP, set by SIGTERM from the first moment.
@@ -125,6 +131,7 @@ class Daemon:
                 allowed_uids=allowed_uids,
                 on_track=self._track,
                 on_untrack=self._untrack,
+                on_run_end=self.coverage.run_ended,
                 socket_group=group,
             )
         except BaseException:
@@ -142,7 +149,9 @@ class Daemon:
 
     # ----- probes ----------------------------------------------------------------
     def _start_probes(self, sched_backend, gpu_backend):
-        for name, prefer in (("sched", sched_backend), ("gpu", gpu_backend)):
+        causes = None if self.settings.kernel_causes else "none"
+        wanted = [("sched", sched_backend), ("gpu", gpu_backend)]
+        for name, prefer in wanted + [(n, causes) for n in KERNEL_CAUSE_PROBES]:
             if prefer == "none":
                 self.store.record_probe_status(
                     name, None, "unavailable", "disabled by configuration"
@@ -167,10 +176,12 @@ class Daemon:
                 log.error("%s probe (%s) failed to start: %s", name, cls.backend, exc)
                 continue
             self.probes.append(probe)
+            detail = [getattr(probe, "detail", lambda: "")()] + [r for _, r in skipped]
             self.store.record_probe_status(
-                name, cls.backend, "active", "; ".join(r for _, r in skipped)
+                name, cls.backend, "active", "; ".join(d for d in detail if d)
             )
             log.info("%s probe: using %s", name, cls.backend)
+        self.deep = DeepWindows(self.probes, self.coverage, deep=self.settings.deep)
         for pid in self.extra_pids:
             self._track(pid)
 
@@ -214,13 +225,23 @@ class Daemon:
             except Exception as exc:
                 log.warning("%s probe did not stop cleanly: %s", probe.name, exc)
 
-    def _track(self, pid):
+    def _track(self, pid, run_id=None):
         self.tracked_pids.add(pid)
+        covering = []
         for probe in self.probes:
             try:
                 probe.track(pid)
             except Exception as exc:
                 log.warning("%s probe could not follow pid %d: %s", probe.name, pid, exc)
+                continue
+            if probe.covering():
+                covering.append(probe.name)
+        if run_id is not None:
+            self.coverage.run_started(run_id, pid, covering)
+
+    def start_diagnosis(self, duration_s):
+        """Attach the expensive probes for `duration_s` (see service/deep.py)."""
+        return self.deep.start(duration_s)
 
     def _untrack(self, pid):
         if pid in self.extra_pids:
@@ -279,6 +300,7 @@ class Daemon:
                 self.ingest.decode_pending()
                 live = self.api is not None and self.api.live_subscribers() > 0
                 next_decode = now + (LIVE_DECODE_INTERVAL_S if live else DECODE_INTERVAL_S)
+                self.deep.tick()
                 if self._reload.is_set():
                     self._reload.clear()
                     config_reload.apply(self)
@@ -298,6 +320,7 @@ class Daemon:
         if self.retention is not None:
             self.retention.stop()
         self._stop_probes()
+        self.coverage.close_all()
         self.store.close()
         log.info(
             "stopped in %.0f ms; %d records received, %d known lost, %d rejected",

@@ -245,13 +245,15 @@ class Store(Recovery):
             pass
 
     def _write(self, cur, statements, merged):
+        # Rows first, then statements: an UPDATE of a row appended in the
+        # same flush (a run ingest started since the last one) finds it.
         cur.execute("BEGIN TRANSACTION")
-        for statement, params in statements:
-            cur.execute(statement, params or [])
         rows = 0
         for table, data in merged.items():
             self._insert(cur, table, data)
             rows += data.num_rows
+        for statement, params in statements:
+            cur.execute(statement, params or [])
         cur.execute("COMMIT")
         return rows
 

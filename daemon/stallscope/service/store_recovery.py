@@ -154,9 +154,9 @@ class Recovery:
         the disk refused are kept for the next flush."""
         rows = 0
         keep_statements, keep_tables = [], {}
-        parts = [("statements", statements, None)] + [
-            (table, None, data) for table, data in merged.items()
-        ]
+        # Rows before statements, as in Store._write.
+        parts = [(table, None, data) for table, data in merged.items()]
+        parts.append(("statements", statements, None))
         for name, stmts, data in parts:
             try:
                 cur.execute("BEGIN TRANSACTION")

@@ -1,0 +1,157 @@
+"""The probe's connection to the daemon: connect, HELLO, names, disconnect.
+
+`Connection` is a base of `Transport`: it opens the non-blocking SEQPACKET
+socket (at most one attempt a second, never when closed), sends the HELLO
+that describes the process and run, re-sends every interned name after each
+(re)connect, and picks the cheapest send function (os.write when SIGPIPE is
+ignored). Called with the buffer lock held, from flushes and the flusher
+thread; never from a GC callback, never blocking: a full socket makes a
+name wait for the next flush, an error drops the connection.
+"""
+
+import gc as _gc
+import json
+import os
+import signal
+import socket
+import sys
+import sysconfig
+import threading
+import time
+
+from . import wire
+
+RECONNECT_INTERVAL_NS = 1_000_000_000  # at most one connection attempt a second
+
+_monotonic_ns = time.monotonic_ns
+_native_id = threading.get_native_id
+_pack_header = wire.HEADER.pack_into
+_HDR = wire.HEADER_SIZE
+_RS = wire.RECORD_SIZE
+_U32 = wire.U32_MAX
+
+
+def _free_threaded():
+    return (
+        bool(sysconfig.get_config_var("Py_GIL_DISABLED"))
+        and not getattr(sys, "_is_gil_enabled", lambda: True)()
+    )
+
+
+class Connection:
+    """Socket set-up and names of one probe (a base of `Transport`)."""
+
+    def _header(self, kind, count, now):
+        hdr = bytearray(_HDR)
+        _pack_header(
+            hdr,
+            0,
+            wire.MAGIC,
+            wire.VERSION,
+            kind,
+            count,
+            _RS,
+            self._seq,
+            now,
+            self.drops_full & _U32,
+            self.drops_disconnected & _U32,
+        )
+        return hdr
+
+    def _ensure_connected(self, now):
+        """Connect if needed and send the names the daemon lacks. Called with
+        the lock held; at most one connection attempt per second."""
+        if self._sock is None:
+            if self._closed or now < self._next_connect_ns:
+                return False  # closed: a straggling wrapper call must not reconnect
+            self._next_connect_ns = now + RECONNECT_INTERVAL_NS
+            if not self._connect():
+                return False
+        return self._send_strings()
+
+    def _try_connect(self, now):
+        with self._lock:
+            self._next_connect_ns = now + RECONNECT_INTERVAL_NS
+            if self._connect():
+                self._send_strings()
+
+    def _connect(self):
+        sock = None
+        try:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+            sock.setblocking(False)
+            sock.connect(self.socket_path)
+            sock.send(self._hello(), socket.MSG_NOSIGNAL)
+        except OSError:
+            if sock is not None:
+                sock.close()
+            return False
+        self._sock = sock
+        self._fd = sock.fileno()
+        self._strings_sent = 0
+        # os.write takes no argument tuple (socket.send does); use it when
+        # SIGPIPE is ignored (CPython's default) so a dead peer is EPIPE, not
+        # a signal. Otherwise send with MSG_NOSIGNAL.
+        if signal.getsignal(signal.SIGPIPE) == signal.SIG_IGN:
+            self._write = os.write
+        else:
+
+            def _send(fd, data, _s=sock.send, _f=socket.MSG_NOSIGNAL):
+                return _s(data, _f)
+
+            self._write = _send
+        return True
+
+    def _send_strings(self):
+        while self._strings_sent < len(self._names):
+            chunk = self._names[self._strings_sent : self._strings_sent + wire.MAX_RECORDS]
+            out = self._header(wire.DGRAM_RECORDS, len(chunk), _monotonic_ns())
+            out.extend(bytes(len(chunk) * _RS))
+            for i, name in enumerate(chunk):
+                # String records carry no sequence number (only span and GC
+                # records do); the header's first_seq is the next record's.
+                wire.STRING_RECORD.pack_into(
+                    out, _HDR + i * _RS, wire.REC_STRING, 0, self._strings_sent + i + 1, 0, name
+                )
+            try:
+                self._sock.send(out, socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL)
+            except BlockingIOError:
+                return False  # socket full: try again at the next flush
+            except OSError:
+                self._disconnect()
+                return False
+            self._strings_sent += len(chunk)
+        return True
+
+    def _hello(self):
+        now_mono = _monotonic_ns()
+        info = {
+            "pid": os.getpid(),
+            "tid": _native_id(),
+            "run_token": self.run_token,
+            "label": self.run_label,
+            "argv": list(sys.argv),
+            "python": sys.version.split()[0],
+            "implementation": sys.implementation.name,
+            "free_threaded": _free_threaded(),
+            "gc_threshold": list(_gc.get_threshold()),
+            "gc_count": list(_gc.get_count()),
+            "freeze_count": _gc.get_freeze_count() if hasattr(_gc, "get_freeze_count") else None,
+            "gc_enabled": _gc.isenabled(),
+            "gc_callback": self._want_gc,
+            "realtime_ns": time.time_ns(),
+            "monotonic_ns": now_mono,
+            "client_version": wire.VERSION,
+        }
+        data = json.dumps(info, separators=(",", ":")).encode()[: wire.HELLO_MAX]
+        return bytes(self._header(wire.DGRAM_HELLO, 0, now_mono)) + data
+
+    def _disconnect(self):
+        sock, self._sock = self._sock, None
+        self._write = None
+        self._fd = -1
+        if sock is not None:
+            try:
+                sock.close()
+            except OSError:
+                pass

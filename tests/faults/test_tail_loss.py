@@ -1,0 +1,127 @@
+"""A malformed flood next to a good client: every record stored or reported lost.
+
+One process floods the daemon with ~16,000 malformed datagrams (CI and full
+size alike: the figure is the issue's) while a well-behaved client makes
+5,000 step spans and exits right after its last one. Records the client made
+= records stored + records in `losses`, exactly, the tail included: close()
+waits (bounded) for socket space so the last records and the BYE land, the
+BYE's sequence number turns any records still dropped at close into a loss
+row, and the daemon reads the good client's connection every round however
+much the flood sends.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from helpers.faults import Daemon, reconcile
+from helpers.waiting import wait_for
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+pytestmark = pytest.mark.faults
+
+FLOOD = f"{HERE}/floodproc.py"
+TAIL = f"{HERE}/tailclient.py"
+
+
+@pytest.mark.parametrize("round_", range(2))
+def test_flood_and_good_client_reconcile_exactly_tail_included(tmp_path, figures, round_):
+    d = Daemon(tmp_path).start()
+    ready = str(tmp_path / "flood.ready")
+    try:
+        flood = subprocess.Popen(
+            [sys.executable, FLOOD, d.socket, "16000", "--ready", ready],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert wait_for(lambda: flood.poll() is not None or os.path.exists(ready))
+        good = subprocess.Popen(
+            [sys.executable, TAIL, d.socket, "1667", "1.5"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        out, err = good.communicate(timeout=120)
+        assert good.returncode == 0, err
+        stats = json.loads(out.strip().splitlines()[-1])
+        fout, ferr = flood.communicate(timeout=120)
+        assert flood.returncode == 0, ferr
+        flood_stats = json.loads(fout.strip().splitlines()[-1])
+        assert d.proc.poll() is None
+        assert d.stop(timeout_s=60)[0] == 0
+    finally:
+        for p in ("flood", "good"):
+            proc = locals().get(p)
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+        if d.proc.poll() is None:
+            d.proc.kill()
+    (g,) = reconcile(d, [stats])
+    assert g["made"] == 3 * 1667
+    assert g["stored"] + g["lost"] == g["made"], g
+    assert g["duplicates"] == 0, g
+    tail_lost = d.scalar(
+        "SELECT coalesce(sum(count), 0)::BIGINT FROM losses WHERE run_id = ? "
+        "AND reason = 'client_tail'",
+        [g["run_id"]],
+    )
+    rejected = d.scalar("SELECT coalesce(sum(count), 0)::BIGINT FROM ingest_errors")
+    figures.update(
+        round=round_,
+        flood_sent=flood_stats["sent"],
+        rejected=rejected,
+        made=g["made"],
+        stored=g["stored"],
+        reported_lost=g["lost"],
+        tail_lost=tail_lost,
+        client_drops_full=g["drops_full"],
+    )
+
+
+@pytest.mark.parametrize("how", ["close", "exit"])
+def test_daemon_paused_at_client_exit_tail_is_stored_or_reported(tmp_path, figures, how):
+    """The daemon stops reading (SIGSTOP) for the last part of a client's run
+    and until after the client began to close: the client's socket fills,
+    its final records wait in close(), and the BYE lands once the daemon
+    resumes. Made = stored + reported lost, with the drops reported."""
+    d = Daemon(tmp_path).start()
+    mark, closing = str(tmp_path / "mark"), str(tmp_path / "closing")
+    good = None
+    try:
+        good = subprocess.Popen(
+            [sys.executable, TAIL, d.socket, "5000", "1.5", "--mark", "0.5", mark]
+            + ["--closing", closing]
+            + (["--exit"] if how == "exit" else []),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "STALLSCOPE_CLOSE_WAIT_MS": "20000"},
+        )
+        assert wait_for(lambda: os.path.exists(mark), timeout_s=60)
+        d.proc.send_signal(signal.SIGSTOP)
+        try:
+            assert wait_for(lambda: os.path.exists(closing), timeout_s=60)
+            time.sleep(0.3)  # the client is inside close(), waiting for space
+        finally:
+            d.proc.send_signal(signal.SIGCONT)
+        out, err = good.communicate(timeout=120)
+        assert good.returncode == 0, err
+        stats = json.loads(out.strip().splitlines()[-1])
+        assert d.stop(timeout_s=60)[0] == 0
+    finally:
+        if good is not None and good.poll() is None:
+            good.kill()
+        if d.proc.poll() is None:
+            d.proc.kill()
+    (g,) = reconcile(d, [stats])
+    assert g["made"] == 3 * 5000
+    assert g["drops_full"] > 0, g  # the pause did fill the socket
+    assert g["stored"] + g["lost"] == g["made"], g
+    figures.update(how=how, made=g["made"], stored=g["stored"], reported_lost=g["lost"])
