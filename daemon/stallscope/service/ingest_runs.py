@@ -14,6 +14,8 @@ import logging
 import time
 from collections import Counter
 
+import pyarrow as pa
+
 from probe_client import wire
 from stallscope.service.ingest_records import RunState
 
@@ -62,6 +64,9 @@ class RunRegistry:
                 cols["connections"].append(1 + conns)
                 cols["ended_ns"].append(ended)
                 new_ids.add(run.run_id)
+            # client_token is UBIGINT: a token of 2^63 or more (a client's
+            # -1 masked to 64 bits) does not fit the int64 pyarrow would infer.
+            cols["client_token"] = pa.array(cols["client_token"], type=pa.uint64())
             self.store.append("runs", cols)
         if changes:
             ids = list(changes)
