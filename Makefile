@@ -3,12 +3,17 @@
 .PHONY: demo test lint bootstrap bench clean protos install uninstall faults
 
 PYTEST_ARGS ?=
+# builtin: the seed-shaped scenario engine; transformers: HF transformers'
+# continuous batching on torch CPU (the bootstrap then installs the engines
+# extra, ~1 min the first time).
+DEMO_ENGINE ?= builtin
 
 bootstrap:
 	@scripts/bootstrap.sh
 
-demo: bootstrap
-	.venv/bin/stallscope demo $(DEMO_ARGS)
+demo:
+	@STALLSCOPE_ENGINES=$(if $(filter transformers,$(DEMO_ENGINE)),1,$(STALLSCOPE_ENGINES)) scripts/bootstrap.sh
+	.venv/bin/stallscope demo --engine $(DEMO_ENGINE) $(DEMO_ARGS)
 
 # Lint and format check first (ruff, pinned in the test extra; config in
 # pyproject.toml), then the suite.

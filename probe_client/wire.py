@@ -65,3 +65,9 @@ DATAGRAM_MAX = HEADER_SIZE + MAX_RECORDS * RECORD_SIZE
 HELLO_MAX = 16384
 
 U32_MAX = 0xFFFFFFFF
+
+# A run event (a spec that could not be attached, a target that was): header
+# kind 4, no records, then a UTF-8 JSON object {kind, target, message, ts_ns}
+# of at most HELLO_MAX bytes. Sent after HELLO; a daemon that predates it
+# counts it as `bad_kind` and carries on.
+DGRAM_EVENT = 4

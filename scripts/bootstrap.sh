@@ -3,7 +3,8 @@
 # what it did. As root it also installs Debian packages and prepares the
 # kernel side for bcc; as a normal user it skips that part and says so.
 #
-#   .venv/                      Python packages (pip install -e .[daemon,test])
+#   .venv/                      Python packages (pip install -e .[daemon,test];
+#                               .[daemon,test,engines] with STALLSCOPE_ENGINES=1)
 #   .venv/.../bcc -> Debian's   bcc is a Debian package (python3-bpfcc), not
 #                               on PyPI: we link only its `bcc` package into
 #                               the venv, nothing else from dist-packages.
@@ -59,12 +60,18 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
   say "created .venv with $("$PY" --version 2>&1)"
 fi
+# STALLSCOPE_ENGINES=1 adds the `engines` extra (torch CPU + transformers,
+# ~1 min from the machine's local torch wheel): the real-engine tests and
+# `make demo DEMO_ENGINE=transformers` need it; CI sets it.
 stamp=.venv/.stallscope-installed
-want=$(cat pyproject.toml | sha256sum | cut -c1-16)
-if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-  say "installing stallscope and its Python packages into .venv (pip install -e .[daemon,test])"
-  .venv/bin/pip install -q --disable-pip-version-check -e '.[daemon,test]'
-  echo "$want" > "$stamp"
+hash=$(cat pyproject.toml | sha256sum | cut -c1-16)
+extras=daemon,test
+[ "${STALLSCOPE_ENGINES:-0}" = 1 ] && extras=daemon,test,engines
+have=$(cat "$stamp" 2>/dev/null || true)
+if [ "$have" != "$hash $extras" ] && [ "$have" != "$hash daemon,test,engines" ]; then
+  say "installing stallscope and its Python packages into .venv (pip install -e .[$extras])"
+  .venv/bin/pip install -q --disable-pip-version-check -e ".[$extras]"
+  echo "$hash $extras" > "$stamp"
 fi
 
 site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')

@@ -5,6 +5,9 @@ gRPC API), `waiting.wait_for` (poll a condition, never a timed assertion),
 `privileged.require_privileged` (skip, or fail in CI), `faults`,
 `clientproc` and `fuzzwire` (the fault suite), `systemd` (units, notify,
 activation), `sched` and `sched_workload` (the scheduling probes), `gpu`
-(the GPU probe on a real Store). Fixtures live in conftest.py files, never
+(the GPU probe on a real Store), `engines.require_engines` (the real-engine
+tests: skip, or fail in CI), `run` (the toy engine and the `stallscope run`
+runner of tests/run) and `wheelcheck` (preset targets against an engine's
+wheel, read with ast). Fixtures live in conftest.py files, never
 here.
 """

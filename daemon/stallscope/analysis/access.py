@@ -31,6 +31,11 @@ STATUS_QUERIES = (
         "ORDER BY records DESC",
     ),
     (
+        "Run events (attach specs: problems first, the latest 40)",
+        "SELECT run_id, kind, target, message FROM run_events "
+        "ORDER BY kind = 'attached', run_id DESC, ts_ns DESC LIMIT 40",
+    ),
+    (
         "Rejected input",
         "SELECT reason, sum(count) AS count FROM ingest_errors GROUP BY ALL ORDER BY count DESC",
     ),

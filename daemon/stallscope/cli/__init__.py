@@ -2,8 +2,8 @@
 
 `COMMANDS` maps each command name to its `Command` (arguments, entry point,
 examples), defined in one module per command group: `cli/daemon.py`,
-`cli/demo.py`, `cli/read.py` (query, report, compare, status), `cli/top.py`,
-`cli/deep.py`.
+`cli/run.py`, `cli/demo.py`, `cli/read.py` (query, report, compare, status),
+`cli/top.py`, `cli/deep.py`.
 This is the one place that turns a `StallscopeError` raised below into
 `error: ...` on stderr and an exit status (2; 130 on Ctrl-C); anything else
 is a bug and keeps its traceback. Command modules import their heavy
@@ -14,12 +14,13 @@ import argparse
 import logging
 import sys
 
-from stallscope.cli import daemon, deep, demo, read, top
+from stallscope.cli import daemon, deep, demo, read, run, top
 from stallscope.errors import StallscopeError
 
 # name -> Command, in --help order.
 COMMANDS = {
     "daemon": daemon.DAEMON,
+    "run": run.RUN,
     "demo": demo.DEMO,
     "query": read.QUERY,
     "report": read.REPORT,

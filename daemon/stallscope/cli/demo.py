@@ -1,4 +1,4 @@
-"""`stallscope demo`: a daemon, the built-in serving engine, the report.
+"""`stallscope demo`: a daemon, a serving engine (built-in or transformers), the report.
 
 Only the arguments live here; `demo.runner` does the work.
 """
@@ -8,10 +8,23 @@ from stallscope.cli.command import Command
 
 def add_arguments(parser):
     parser.add_argument(
-        "--duration", type=float, default=45.0, help="scenario seconds (default 45)"
+        "--engine",
+        choices=["builtin", "transformers"],
+        default="builtin",
+        help="builtin: the seed-shaped scenario engine; transformers: HF transformers' real "
+        "continuous batching on a tiny random-weight Llama (needs the engines extra), "
+        "traced by `stallscope run --preset transformers` (default builtin)",
+    )
+    parser.add_argument(
+        "--duration", type=float, default=None, help="seconds (default 45; transformers 20)"
     )
     parser.add_argument("--db", default=None, help="keep the database here (default: a temp dir)")
-    parser.add_argument("--rate", type=float, default=1.0, help="request arrivals per second")
+    parser.add_argument(
+        "--rate",
+        type=float,
+        default=None,
+        help="request arrivals per second (default 1; transformers 8)",
+    )
     parser.add_argument(
         "--no-gc-pressure",
         dest="gc_pressure",
@@ -31,13 +44,13 @@ def run(args):
 DEMO = Command(
     help="run a daemon, the built-in serving-engine scenario, and the attribution report",
     description="Start a daemon on a temporary socket and database, run the built-in "
-    "serving engine (shaped like the seed report's) under it, stop the daemon and print "
-    "the summary and the attribution report.",
+    "serving engine (shaped like the seed report's) or HF transformers' continuous batching "
+    "under it, stop the daemon and print the summary and the attribution report.",
     add_arguments=add_arguments,
     run=run,
     examples=(
         "stallscope demo   # 45 s, then the report",
         "stallscope demo --duration 10 --db demo.duckdb --out figures/   # keep what it made",
-        "stallscope demo --no-gc-pressure   # the same engine without the leaky timing hook",
+        "stallscope demo --engine transformers   # a real PyTorch engine, no source edit",
     ),
 )

@@ -1,8 +1,9 @@
-"""`stallscope demo`: a real daemon, the built-in serving engine, the report.
+"""`stallscope demo`: a real daemon, a serving engine, the report.
 
 Starts `stallscope daemon` as a child process (demo/child.py) on a temporary
 socket and database (or `--db`), runs the scenario engine in another child process with
-a progress bar, stops the daemon with SIGTERM (it flushes and exits), and
+a progress bar (or, with `--engine transformers`, HF transformers' real
+continuous batching under `stallscope run --preset transformers`), stops the daemon with SIGTERM (it flushes and exits), and
 prints the summary and the attribution report read from the database file.
 """
 
@@ -15,9 +16,80 @@ import duckdb
 
 from stallscope.analysis import report, summary
 from stallscope.demo.child import DaemonChild
+from stallscope.errors import ServiceError
+
+
+def _run_builtin(args, sock):
+    args.duration = 45.0 if args.duration is None else args.duration
+    args.rate = 1.0 if args.rate is None else args.rate
+    py = sys.executable
+    print(
+        f"running the serving-engine scenario for {args.duration:.0f} s "
+        f"({args.rate:g} req/s; the seed's leaky timing hook "
+        f"{'on' if args.gc_pressure else 'off'}; 1.7% of submits +3 ms host work)",
+        flush=True,
+    )
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
+    cmd = [
+        py,
+        "-m",
+        "stallscope.demo.scenario",
+        sock,
+        "--duration",
+        str(args.duration),
+        "--rate",
+        str(args.rate),
+        "--progress",
+        "--label",
+        "demo",
+        "--submit-jitter",
+        "0.017:3",
+    ]
+    if args.gc_pressure:
+        cmd.append("--gc-pressure")
+    rc = subprocess.call(cmd, env=env)
+    if rc != 0:
+        print(f"warning: the scenario exited with status {rc}", file=sys.stderr)
+
+
+def _check_engines_extra():
+    import importlib.util
+
+    missing = [m for m in ("torch", "transformers", "psutil") if not importlib.util.find_spec(m)]
+    if missing:
+        raise ServiceError(
+            f"the transformers demo needs the engines extra ({', '.join(missing)} missing): "
+            "make demo DEMO_ENGINE=transformers, or pip install 'stallscope[engines]'"
+        )
+
+
+def _run_transformers(args, sock):
+    """HF transformers' real continuous batching, traced with no source edit."""
+    seconds = 20.0 if args.duration is None else args.duration
+    rate = 8.0 if args.rate is None else args.rate
+    engine = os.path.join(os.path.dirname(os.path.abspath(__file__)), "transformers_engine.py")
+    print(
+        f"running HF transformers continuous batching (tiny random-weight Llama, torch CPU) "
+        f"for {seconds:.0f} s at {rate:g} req/s, traced by `stallscope run --preset "
+        f"transformers`; gen-2 pressure from another thread {'on' if args.gc_pressure else 'off'}",
+        flush=True,
+    )
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "stallscope.cli", "run", "--socket", sock]
+    cmd += ["--label", "demo-transformers", "--preset", "transformers", "--"]
+    cmd += [sys.executable, engine, "--serve-seconds", str(seconds), "--rate", str(rate)]
+    cmd += ["--max-new-tokens", "24"]
+    if args.gc_pressure:
+        cmd.append("--gc-pressure")
+    rc = subprocess.call(cmd, env=env)
+    if rc != 0:
+        print(f"warning: the transformers engine exited with status {rc}", file=sys.stderr)
 
 
 def run_demo(args):
+    transformers = getattr(args, "engine", "builtin") == "transformers"
+    if transformers:
+        _check_engines_extra()
     workdir = tempfile.mkdtemp(prefix="stallscope-demo-")
     db = os.path.abspath(args.db) if args.db else os.path.join(workdir, "demo.duckdb")
     sock = os.path.join(workdir, "probe.sock")
@@ -36,33 +108,10 @@ def run_demo(args):
                 or " probe: disabled" in line
             ):
                 print("  " + line.split(" INFO ", 1)[-1].split(" WARNING ", 1)[-1].strip())
-        print(
-            f"running the serving-engine scenario for {args.duration:.0f} s "
-            f"({args.rate:g} req/s; the seed's leaky timing hook "
-            f"{'on' if args.gc_pressure else 'off'}; 1.7% of submits +3 ms host work)",
-            flush=True,
-        )
-        env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
-        cmd = [
-            py,
-            "-m",
-            "stallscope.demo.scenario",
-            sock,
-            "--duration",
-            str(args.duration),
-            "--rate",
-            str(args.rate),
-            "--progress",
-            "--label",
-            "demo",
-            "--submit-jitter",
-            "0.017:3",
-        ]
-        if args.gc_pressure:
-            cmd.append("--gc-pressure")
-        rc = subprocess.call(cmd, env=env)
-        if rc != 0:
-            print(f"warning: the scenario exited with status {rc}", file=sys.stderr)
+        if transformers:
+            _run_transformers(args, sock)
+        else:
+            _run_builtin(args, sock)
     finally:
         status, _ = daemon.stop(timeout_s=10)
     if status != 0:

@@ -246,6 +246,10 @@ class Ingest(RunRegistry, RecordDecoder):
                         run.unflushed = True
                     run.drops_full, run.drops_disconnected = drops_full, drops_disc
             return None
+        if kind == wire.DGRAM_EVENT:
+            if run is None:
+                return self._reject(None, conn.pid, "no_hello")
+            return self._event(run, data, conn.pid)
         if kind != wire.DGRAM_RECORDS:
             return self._reject(run_id, conn.pid, "bad_kind")
         if run is None:

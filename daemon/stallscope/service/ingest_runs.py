@@ -1,20 +1,29 @@
-"""Run bookkeeping for probe ingest: HELLO handling, resuming runs, the `runs` row.
+"""Run bookkeeping for probe ingest: HELLO handling, resuming runs, the `runs` row, run events.
 
 A HELLO starts a run or resumes one (same client token and same kernel pid,
 from memory or, after a daemon restart, from the database) and records the
 process as the kernel sees it (SO_PEERCRED) next to what it claims. Client
 values are bounded before they reach a column: a lie costs a NULL, never a
-failed write. Never trusts a client-supplied pid for tracing.
+failed write. Never trusts a client-supplied pid for tracing. An EVENT
+datagram (a client's word about its own set-up, e.g. an attach spec it
+could not use) becomes a `run_events` row, at most 1,000 per run.
 """
 
 import json
 import logging
 import time
+from collections import Counter
+
+import pyarrow as pa
 
 from probe_client import wire
 from stallscope.service.ingest_records import RunState
 
 log = logging.getLogger("stallscope.ingest")
+
+# A client reports its set-up in a few events (one per attach spec); more
+# than this from one run is refused (`too_many_events`), so none can flood.
+MAX_EVENTS_PER_RUN = 1000
 
 
 RUN_COLUMNS = (
@@ -55,6 +64,9 @@ class RunRegistry:
                 cols["connections"].append(1 + conns)
                 cols["ended_ns"].append(ended)
                 new_ids.add(run.run_id)
+            # client_token is UBIGINT: a token of 2^63 or more (a client's
+            # -1 masked to 64 bits) does not fit the int64 pyarrow would infer.
+            cols["client_token"] = pa.array(cols["client_token"], type=pa.uint64())
             self.store.append("runs", cols)
         if changes:
             ids = list(changes)
@@ -127,6 +139,54 @@ class RunRegistry:
             info.get("label") or "no label",
         )
         self.on_track(conn.pid, run.run_id)
+        return None
+
+    def external_run(self, pid, argv, label):
+        """A run for a process with no probe client (its GC from USDT): a
+        `runs` row with the kernel pid and its command line; returns run_id."""
+        now = time.monotonic_ns()
+        with self._lock:
+            run_id = self._next_run_id
+            self._next_run_id += 1
+            self.store.sql(
+                "INSERT INTO runs (run_id, pid, label, host, started_ns, argv, connected_ns, "
+                "records, connections) VALUES (?, ?, ?, ?, ?, ?, ?, 0, 0)",
+                [
+                    run_id,
+                    pid,
+                    str(label)[:200],
+                    self.host,
+                    now,
+                    [str(a)[:500] for a in argv[:64]],
+                    now,
+                ],
+            )
+        return run_id
+
+    def _event(self, run, data, pid):
+        """An EVENT datagram: one `run_events` row (a bad one is `bad_event`)."""
+        try:
+            info = json.loads(data[wire.HEADER_SIZE :].decode("utf-8"))
+            if not isinstance(info, dict):
+                raise ValueError("not an object")
+        except (ValueError, TypeError, OverflowError, RecursionError):
+            return self._reject(run.run_id, pid, "bad_event")
+        counts = self.__dict__.setdefault("_events_per_run", Counter())
+        counts[run.run_id] += 1
+        if counts[run.run_id] > MAX_EVENTS_PER_RUN:
+            return self._reject(run.run_id, pid, "too_many_events")
+        self.store.sql(
+            "INSERT INTO run_events (run_id, ts_ns, kind, target, message) VALUES (?, ?, ?, ?, ?)",
+            [
+                run.run_id,
+                _int(info.get("ts_ns")),
+                str(info.get("kind") or "")[:40],
+                str(info.get("target") or "")[:2000],
+                str(info.get("message") or "")[:2000],
+            ],
+        )
+        if info.get("kind") != "attached" and counts[run.run_id] <= 10:
+            log.warning("run %d: %s", run.run_id, str(info.get("message") or "")[:300])
         return None
 
     def _known_run(self, token, pid):

@@ -140,6 +140,7 @@ class Daemon:
             self._stop_probes()
             self.store.close()
             raise
+        self._follow_gc_from_outside()
         self.retention = (
             Retention(self.store, retention_limits, on_runs_deleted=self.ingest.forget_runs)
             if retention_limits is not None
@@ -183,6 +184,39 @@ class Daemon:
         self.deep = DeepWindows(self.probes, self.coverage, deep=self.settings.deep)
         for pid in self.extra_pids:
             self._track(pid)
+
+    def _follow_gc_from_outside(self):
+        """GC passes of the --pid processes through CPython's USDT markers
+        (probes/gc_usdt.py): a run per process, no client needed."""
+        if not self.extra_pids:
+            return
+        from stallscope.probes.gc_usdt import UsdtGcProbe, command_line
+
+        reason = UsdtGcProbe.unavailable(self.settings)
+        if reason is not None:
+            self.store.record_probe_status("gc", None, "unavailable", reason)
+            log.warning("gc probe unavailable: %s", reason)
+            return
+        probe = UsdtGcProbe(self.settings)
+        probe.start(self.sink)
+        self.probes.append(probe)
+        for pid in sorted(self.extra_pids):
+            missing = probe.usdt_missing(pid, self.settings.proc_root)
+            if missing is not None:
+                self.store.record_probe_status("gc", "usdt", "unavailable", f"pid {pid}: {missing}")
+                log.warning("gc probe: pid %d: %s", pid, missing)
+                continue
+            argv = command_line(pid, self.settings.proc_root)
+            run_id = self.ingest.external_run(pid, argv, " ".join(argv)[:120] or f"pid {pid}")
+            try:
+                probe.follow(pid, run_id)
+            except Exception as exc:
+                self.store.record_probe_status(
+                    "gc", "usdt", "failed", f"pid {pid}: {type(exc).__name__}: {exc}"
+                )
+                log.error("gc probe: cannot follow pid %d: %s", pid, exc)
+                continue
+            self.store.record_probe_status("gc", "usdt", "active", f"pid {pid}: run {run_id}")
 
     def _stop_probes(self):
         for probe in self.probes:

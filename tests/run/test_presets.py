@@ -1,0 +1,130 @@
+"""Every preset target exists in the engine release the preset names.
+
+Each `presets/*.toml` says which release it was read from (`checked_with =
+"vllm==0.33.0"`). The wheel of that release is downloaded once without its
+dependencies (`pip download --no-deps`, cached in ~/.cache/stallscope-wheels
+or $STALLSCOPE_WHEEL_CACHE) and read with `ast`: module, class, method, the
+arguments and the attributes every EXPR reads (tests/run/wheelcheck.py).
+Skipped, with the reason, only when PyPI cannot be reached; bumping a
+release is a change to the preset file, never "latest"."""
+
+import glob
+import os
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from helpers import wheelcheck
+from probe_client import _specs
+
+PRESETS = Path(__file__).resolve().parents[2] / "presets"
+CACHE = Path(os.environ.get("STALLSCOPE_WHEEL_CACHE") or "~/.cache/stallscope-wheels").expanduser()
+
+
+def _pypi_unreachable(name):
+    try:
+        urllib.request.urlopen(f"https://pypi.org/simple/{name}/", timeout=15).close()
+    except OSError as exc:
+        return str(exc)
+    return None
+
+
+def wheel(requirement):
+    """The cached wheel of `name==version`, downloaded when missing."""
+    name, _, version = requirement.partition("==")
+    assert name and version, f"checked_with must pin a release: {requirement!r}"
+    pattern = f"{name.replace('-', '_')}-{version}-*.whl"
+    found = sorted(glob.glob(str(CACHE / pattern)))
+    if found:
+        return found[0]
+    CACHE.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--disable-pip-version-check",
+            "-q",
+            "-d",
+            str(CACHE),
+            requirement,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    found = sorted(glob.glob(str(CACHE / pattern)))
+    if found:
+        return found[0]
+    why = _pypi_unreachable(name)
+    if why is not None:
+        pytest.skip(f"PyPI unreachable, cannot fetch {requirement}: {why}")
+    pytest.fail(f"pip download {requirement} failed:\n{done.stdout}\n{done.stderr}")
+
+
+def _preset_files():
+    return sorted(PRESETS.glob("*.toml"))
+
+
+def test_the_three_engine_presets_exist():
+    assert {p.stem for p in _preset_files()} >= {"transformers", "vllm", "sglang"}
+
+
+@pytest.mark.parametrize("path", _preset_files(), ids=lambda p: p.stem)
+def test_preset_targets_exist_in_the_pinned_release(path):
+    data = _specs.load_toml(str(path))
+    specs, errors = _specs.specs_from_toml(data, path.name)
+    assert not errors
+    assert specs and data.get("description")
+    source = wheelcheck.Source(wheel(data["checked_with"]))
+    problems, checked = [], []
+    for spec in specs:
+        p, c = wheelcheck.check_spec(source, spec)
+        problems += p
+        checked += c
+    assert not problems, "\n".join(problems)
+    # Every EXPR's attributes were checked (none skipped for want of a type).
+    attribute_exprs = [
+        (spec.target, key, text)
+        for spec in specs
+        for key, text in spec.keywords.items()
+        if "." in text
+    ]
+    assert len(checked) >= len(attribute_exprs), (checked, attribute_exprs)
+
+
+def test_the_checker_finds_a_wrong_target(tmp_path):
+    # The checker itself must be able to fail: a renamed method, a missing
+    # attribute, an argument the method does not take.
+    import zipfile
+
+    wheel_path = tmp_path / "eng-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel_path, "w") as z:
+        z.writestr(
+            "eng/core.py",
+            "from eng.out import Out\n"
+            "class Base:\n    def step(self, batch: 'Out') -> Out:\n        self.n = 1\n"
+            "class Core(Base):\n    pass\n",
+        )
+        z.writestr("eng/out.py", "class Out:\n    reqs: list\n")
+    source = wheelcheck.Source(wheel_path)
+
+    def problems(text):
+        return wheelcheck.check_spec(source, _specs.parse_spec(text))[0]
+
+    assert problems("eng.core:Core.step=step,batch=len(arg0.reqs),stage=self.n") == []
+    assert problems("eng.core:Core.step=step,batch=len(result.reqs)") == []
+    assert "no method" in problems("eng.core:Core.stepp=step")[0]
+    assert "no class" in problems("eng.core:Nope.step=step")[0]
+    assert "no such module" in problems("eng.nope:Core.step=step")[0]
+    assert (
+        "no attribute 'requests'" in problems("eng.core:Core.step=step,batch=len(arg0.requests)")[0]
+    )
+    assert "arg1" in problems("eng.core:Core.step=step,batch=arg1")[0]
+    assert "no attribute 'm'" in problems("eng.core:Core.step=step,batch=self.m")[0]
