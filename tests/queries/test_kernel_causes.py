@@ -26,7 +26,7 @@ def load(name):
 def rows(con, where):
     cur = con.execute(f"SELECT * FROM step_attribution WHERE {where} ORDER BY run_id, start_ns")
     cols = [d[0] for d in cur.description]
-    return [dict(zip(cols, r)) for r in cur.fetchall()]
+    return [dict(zip(cols, r, strict=True)) for r in cur.fetchall()]
 
 
 @pytest.fixture(scope="module")
