@@ -102,11 +102,13 @@ SELECT pid, tid, 6::UTINYINT, NULL, NULL, NULL, NULL, start_ns, end_ns,
 FROM irq_time WHERE end_ns > start_ns;
 
 -- Every (source row, step) pair that overlaps (for instants: the step that
--- contains the instant), with the intersection [a_ns, b_ns].
-CREATE OR REPLACE VIEW _step_overlap AS
+-- contains the instant), with the intersection [a_ns, b_ns], for the
+-- sources src_lo..src_hi: a table macro, so that a reader of one source
+-- (the GC passes, the syscalls) does not map every source's rows.
+CREATE OR REPLACE MACRO _step_overlap_of(src_lo, src_hi) AS TABLE
 WITH hit AS (   -- the step whose span contains each row's start (bucket equi-join)
     SELECT i.*, c.run_id, c.step_idx, c.start_ns, c.end_ns
-    FROM _step_interval i
+    FROM (SELECT * FROM _step_interval WHERE src BETWEEN src_lo AND src_hi) i
     CROSS JOIN _step_bucket b
     LEFT JOIN _step_cover c
       ON c.pid = i.pid AND c.tid = i.tid AND c.bucket = i.xs // b.bucket_ns
@@ -139,30 +141,25 @@ SELECT run_id, tid, step_idx, src, generation, preempted, n, v_ns, xs, xe,
        least(xe, end_ns) - greatest(xs, start_ns) AS overlap_ns  -- ns (0 for instants)
 FROM pairs;
 
+-- Every source's pairs.
+CREATE OR REPLACE VIEW _step_overlap AS SELECT * FROM _step_overlap_of(0, 255);
+
 -- Per step, every time component in one pass (step_attribution reads this).
 -- Off-CPU time is split so that its parts are disjoint: an off-CPU
 -- interval's intersection with the step is, for an involuntary switch-out,
 -- preempted (or throttled) time; for a voluntary one, the sleep until the
 -- wake-up (wake_ns; lock, peer or blocked by who woke it) and then the
 -- run-queue wait after it. Any of that which a GC pass of the run overlaps
--- is taken out: it is GC time. Raw (unsplit) totals are kept for step_sched.
+-- is taken out: it is GC time. GC passes of one process never overlap (a
+-- collection stops every thread, with or without the GIL), so GC time is
+-- their sum. Raw (unsplit) totals are kept for step_sched.
 -- The *_in_submit_ns columns need the submit bounds: joined here, per pair.
 CREATE OR REPLACE VIEW _step_components AS
-WITH o AS (
+WITH o AS MATERIALIZED (
     SELECT * FROM _step_overlap
-), gci AS (     -- GC time inside each step as disjoint islands (passes of
-                -- one process rarely overlap, but threads without a GIL may)
-    SELECT run_id, tid, step_idx, a_ns, b_ns,
-           sum(CASE WHEN prev_b IS NULL OR a_ns > prev_b THEN 1 ELSE 0 END)
-               OVER (PARTITION BY run_id, tid, step_idx ORDER BY a_ns, b_ns ROWS UNBOUNDED PRECEDING) AS island
-    FROM (SELECT run_id, tid, step_idx, a_ns, b_ns,
-                 max(b_ns) OVER (PARTITION BY run_id, tid, step_idx ORDER BY a_ns, b_ns
-                                 ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_b
-          FROM _step_overlap WHERE src = 0)
-), gcl AS (     -- the GC islands inside each step, as a list of [a, b], and their length
-    SELECT run_id, tid, step_idx, list({'a': a, 'b': b}) AS gcs, sum(b - a) AS gc_union_ns
-    FROM (SELECT run_id, tid, step_idx, min(a_ns) AS a, max(b_ns) AS b FROM gci GROUP BY run_id, tid, step_idx, island)
-    GROUP BY ALL
+), gcl AS (     -- the GC passes inside each step, as a list of [a, b]
+    SELECT run_id, tid, step_idx, list({'a': a_ns, 'b': b_ns}) AS gcs
+    FROM o WHERE src = 0 GROUP BY run_id, tid, step_idx
 ), x AS (
     SELECT o.*,
         CASE WHEN f.submit_start_ns IS NULL THEN 0   -- least/greatest skip NULLs: guard
@@ -179,9 +176,11 @@ WITH o AS (
 ), y AS (
     SELECT x.*,
         -- GC time inside [a, m] (the sleep or preempted part) and [m, b] (the run-queue part)
-        coalesce(list_sum([greatest(0, least(coalesce(m_ns, b_ns), q.b) - greatest(a_ns, q.a)) FOR q IN gcs]), 0)
+        CASE WHEN gcs IS NULL THEN 0 ELSE
+            list_sum([greatest(0, least(coalesce(m_ns, b_ns), q.b) - greatest(a_ns, q.a)) FOR q IN gcs]) END
             AS gc_first_ns,
-        coalesce(list_sum([greatest(0, least(b_ns, q.b) - greatest(m_ns, q.a)) FOR q IN gcs]), 0)
+        CASE WHEN gcs IS NULL OR m_ns IS NULL THEN 0 ELSE
+            list_sum([greatest(0, least(b_ns, q.b) - greatest(m_ns, q.a)) FOR q IN gcs]) END
             AS gc_rq_ns
     FROM x
 ), z AS (
@@ -194,15 +193,25 @@ WITH o AS (
     FROM y
 ), sc AS (      -- system-call time per step and syscall name
     SELECT run_id, tid, step_idx, label AS name,
-           sum(CASE WHEN n <= 1 THEN overlap_ns ELSE v_ns * frac END) AS ns
-    FROM z WHERE src = 4 GROUP BY ALL
+           sum(CASE WHEN n <= 1 OR xe <= xs THEN overlap_ns ELSE v_ns * overlap_ns / (xe - xs) END) AS ns
+    FROM _step_overlap_of(4, 4) GROUP BY ALL
 ), scs AS (
     SELECT run_id, tid, step_idx, sum(ns)::BIGINT AS syscall_total_ns, arg_max(name, (ns, name)) AS top_syscall
     FROM sc GROUP BY ALL
+), who AS (     -- the preemptor holding the most preempted time, the waker of the most sleep
+                -- (read from the pairs that name one: none without the waker columns)
+    SELECT run_id, tid, step_idx,
+        arg_max_null({'pid': who_pid, 'comm': label, 'run_id': who_run_id}, overlap_ns)
+            FILTER (preempted) AS preemptor,
+        arg_max_null({'pid': who_pid, 'tid': who_tid, 'comm': label, 'run_id': who_run_id},
+                     CASE WHEN wake_ns IS NULL THEN b_ns ELSE least(b_ns, greatest(a_ns, wake_ns)) END - a_ns)
+            FILTER (NOT coalesce(preempted, false)) AS waker
+    FROM o WHERE src = 1 AND (who_pid IS NOT NULL OR who_tid IS NOT NULL OR label IS NOT NULL)
+    GROUP BY run_id, tid, step_idx
 ), agg AS (
     SELECT
         run_id, tid, step_idx,
-        0::BIGINT AS gc_ns,   -- replaced below by the length of the union of the passes
+        coalesce(sum(overlap_ns) FILTER (src = 0), 0)::BIGINT AS gc_ns,
         coalesce(sum(overlap_ns) FILTER (src = 0 AND generation = 0), 0)::BIGINT AS gc0_ns,
         coalesce(sum(overlap_ns) FILTER (src = 0 AND generation = 1), 0)::BIGINT AS gc1_ns,
         coalesce(sum(overlap_ns) FILTER (src = 0 AND generation = 2), 0)::BIGINT AS gc2_ns,
@@ -225,11 +234,6 @@ WITH o AS (
         coalesce(sum(sleep_net_ns) FILTER (cls = 'blocked' AND wake_ns IS NOT NULL), 0)::BIGINT AS blocked_woken_ns,
         coalesce(sum(sleep_net_ns) FILTER (cls = 'blocked' AND wake_ns IS NULL), 0)::BIGINT AS blocked_unsplit_ns,
         coalesce(sum(rq_net_ns), 0)::BIGINT AS runqueue_woken_ns,
-        -- who: the preemptor holding the most preempted time, the waker of the most sleep
-        arg_max_null({'pid': who_pid, 'comm': label, 'run_id': who_run_id}, pre_net_ns)
-            FILTER (cls = 'preemption') AS preemptor,
-        arg_max_null({'pid': who_pid, 'tid': who_tid, 'comm': label, 'run_id': who_run_id}, sleep_net_ns)
-            FILTER (src = 1 AND m_ns IS NOT NULL) AS waker,
         -- page faults (summary rows pro-rated by their overlap), IRQ time net of GC
         round(sum(n * frac) FILTER (src = 5))::BIGINT AS page_faults,
         round(sum(v_ns * frac) FILTER (src = 5))::BIGINT AS page_fault_raw_ns,
@@ -237,7 +241,7 @@ WITH o AS (
     FROM z
     GROUP BY run_id, tid, step_idx
 )
-SELECT agg.* REPLACE (coalesce(g.gc_union_ns, 0)::BIGINT AS gc_ns), scs.syscall_total_ns, scs.top_syscall
+SELECT agg.*, who.preemptor, who.waker, scs.syscall_total_ns, scs.top_syscall
 FROM agg
-LEFT JOIN scs USING (run_id, tid, step_idx)
-LEFT JOIN gcl g USING (run_id, tid, step_idx);
+LEFT JOIN who USING (run_id, tid, step_idx)
+LEFT JOIN scs USING (run_id, tid, step_idx);

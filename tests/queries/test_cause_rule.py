@@ -154,8 +154,8 @@ def _inter(a, b, islands):
 
 def brute_force(steps, gcs, offs):
     """Per step (run, tid, start, end), by direct intersection: raw off-CPU
-    time (preempted, blocked) and the disjoint components (gc = the union of
-    the passes; preempted and blocked less the GC time inside them)."""
+    time (preempted, blocked) and the disjoint components (gc; preempted and
+    blocked less the GC time inside them)."""
     raw, parts = {}, {}
     for run, tid, s, e in steps:
         gc = _union(
@@ -195,9 +195,13 @@ def test_interval_joins_match_brute_force(seed):
             e = s + rnd.randint(1, 8)
             steps.append((1, tid, s * MS, e * MS))
             t = e
+    # GC passes of one process never overlap (a collection stops every
+    # thread): 25 of any length, one after another with random gaps
+    t = 0
     for _ in range(25):
-        s = rnd.randint(0, 200) * MS + rnd.randint(0, MS)
-        gcs.append((1, s, s + rnd.randint(1, 20 * MS)))
+        s = t + rnd.randint(0, 8 * MS)
+        t = s + rnd.randint(1, 20 * MS)
+        gcs.append((1, s, t))
     for _ in range(60):
         tid = rnd.choice((11, 12))
         s = rnd.randint(0, 200) * MS + rnd.randint(0, MS)
