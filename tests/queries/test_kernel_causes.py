@@ -154,3 +154,29 @@ def test_work_baseline():
     con.execute("SET VARIABLE step_baseline_min_steps = 2")
     models = {r["baseline_model"] for r in rows(con, "NOT idle")}
     assert "work_bucket" in models
+
+
+def test_report_summary_and_compare_leave_idle_steps_out(kernel, tmp_path):
+    from stallscope.analysis.compare import compare_runs
+    from stallscope.analysis.report import build_report
+    from stallscope.analysis.summary import build_summary
+
+    rec = [ln.split() for ln in build_summary(kernel).splitlines() if ln.startswith("recurrent")]
+    assert rec[0] == ["recurrent", "44", "3", "10.0", "15.0", "15.0"]  # steps, idle, p50/p99/max
+    text = build_report(kernel, out_dir=str(tmp_path))
+    # the unexplained share comes before the cause table; uncovered is counted apart
+    slow = text.split("== Slow steps")[1]
+    assert slow.index(
+        "Unexplained share of slow steps: 1 of 15 (6.7%); 1 more uncovered"
+    ) < slow.index("top cause")
+    for cause in ("lock", "peer", "runqueue", "throttled", "irq", "steal", "page_fault", "syscall"):
+        assert cause in slow.split("\n")[2]  # a column of the cause table
+    who = text.split("== Top preemptors and wakers")[1]
+    assert "hog" in who and "tokenizer" in who and "worker" in who
+    gen2 = text.split("== Generation-2 collections ==")[1].split("==")[0]
+    assert "2 stalled a non-prefill step" in gen2 and "0 overlapped no step" in gen2
+    assert (tmp_path / "run_1_steps.png").exists() and (tmp_path / "run_2_gen2_1.png").exists()
+    cmp = compare_runs(kernel, 1, 2)
+    stages = cmp.split("per stage ==")[1].split("==")[0]
+    row = [ln.split() for ln in stages.splitlines() if ln.startswith("recurrent")][0]
+    assert row[1:4] == ["44", "10.0", "15.0"]  # idle steps out of the count, p50 and p99
