@@ -137,36 +137,30 @@ cov_run AS (   -- which probes ever covered each run
                                  - rq_fallback_ns END AS blocked_ns,
         CASE WHEN sched_cov THEN coalesce(c_migrations, 0) END AS migrations
     FROM k
-), b0 AS (     -- on-CPU budget: wall time outside GC and off-CPU parts
+), m AS (      -- on-CPU parts: each capped by what the earlier ones left of the
+               -- wall time outside GC and the off-CPU parts (left*_ns)
     SELECT o.*,
         greatest(0, duration_ns - gc_ns - coalesce(lock_ns, 0) - coalesce(peer_ns, 0) - coalesce(runq_ns, 0)
                  - coalesce(throttled_ns, 0) - coalesce(preempted_ns, 0) - coalesce(blocked_ns, 0)) AS left0_ns,
-        CASE WHEN irq_cov THEN coalesce(irq_raw_ns, 0) END AS irq_raw,
-        CASE WHEN steal_cov THEN coalesce(c_steal_ns, 0) END AS steal_raw,
-        CASE WHEN page_faults_cov THEN coalesce(page_fault_raw_ns, 0) END AS page_fault_raw,
-        CASE WHEN syscalls_cov THEN greatest(0, coalesce(c_syscall_total_ns, 0) - coalesce(blocked_raw_ns, 0)) END
-            AS syscall_raw
-    FROM o
-), b1 AS (SELECT *, CASE WHEN irq_raw IS NOT NULL THEN least(irq_raw, left0_ns) END AS irq_ns FROM b0),
-b2 AS (SELECT *, left0_ns - coalesce(irq_ns, 0) AS left1_ns FROM b1),
-b3 AS (SELECT *, CASE WHEN steal_raw IS NOT NULL THEN least(steal_raw, left1_ns) END AS steal_ns FROM b2),
-b4 AS (SELECT *, left1_ns - coalesce(steal_ns, 0) AS left2_ns FROM b3),
-b5 AS (SELECT *, CASE WHEN page_fault_raw IS NOT NULL THEN least(page_fault_raw, left2_ns) END AS page_fault_ns FROM b4),
-b6 AS (SELECT *, left2_ns - coalesce(page_fault_ns, 0) AS left3_ns FROM b5),
-b7 AS (SELECT *, CASE WHEN syscall_raw IS NOT NULL THEN least(syscall_raw, left3_ns) END AS syscall_ns FROM b6),
-b8 AS (SELECT *, left3_ns - coalesce(syscall_ns, 0) AS left4_ns FROM b7),
-b9 AS (SELECT *, CASE WHEN migrations IS NOT NULL THEN least(migrations * migration_cost_ns, left4_ns) END
-                     AS migration_ns FROM b8),
-b10 AS (SELECT *, left4_ns - coalesce(migration_ns, 0) AS left5_ns FROM b9),
-b11 AS (SELECT *, least(submit_raw_ns, left5_ns) AS submit_host_ns FROM b10),
-b12 AS (SELECT *, least(gpu_clock_raw_ns, left5_ns - submit_host_ns) AS gpu_clock_ns FROM b11),
-m AS (
-    SELECT b12.*,
+        CASE WHEN irq_cov THEN least(coalesce(irq_raw_ns, 0), left0_ns) END AS irq_ns,
+        left0_ns - coalesce(irq_ns, 0) AS left1_ns,
+        CASE WHEN steal_cov THEN least(coalesce(c_steal_ns, 0), left1_ns) END AS steal_ns,
+        left1_ns - coalesce(steal_ns, 0) AS left2_ns,
+        CASE WHEN page_faults_cov THEN least(coalesce(page_fault_raw_ns, 0), left2_ns) END AS page_fault_ns,
+        left2_ns - coalesce(page_fault_ns, 0) AS left3_ns,
+        CASE WHEN syscalls_cov THEN   -- time in syscalls less the voluntary off-CPU time
+            least(greatest(0, coalesce(c_syscall_total_ns, 0) - coalesce(blocked_raw_ns, 0)), left3_ns) END
+            AS syscall_ns,
+        left3_ns - coalesce(syscall_ns, 0) AS left4_ns,
+        CASE WHEN migrations IS NOT NULL THEN least(migrations * migration_cost_ns, left4_ns) END AS migration_ns,
+        left4_ns - coalesce(migration_ns, 0) AS left5_ns,
+        least(submit_raw_ns, left5_ns) AS submit_host_ns,
+        least(gpu_clock_raw_ns, left5_ns - submit_host_ns) AS gpu_clock_ns,
         greatest(gc_ns, coalesce(lock_ns, 0), coalesce(peer_ns, 0), coalesce(runq_ns, 0),
                  coalesce(throttled_ns, 0), coalesce(preempted_ns, 0), coalesce(blocked_ns, 0),
                  coalesce(irq_ns, 0), coalesce(steal_ns, 0), coalesce(page_fault_ns, 0),
                  coalesce(syscall_ns, 0), coalesce(migration_ns, 0), submit_host_ns, gpu_clock_ns) AS top_ns
-    FROM b12
+    FROM o
 )
 SELECT
     run_id,               -- run (runs.run_id)
