@@ -1,8 +1,7 @@
 """The live stall detector on constructed batches (no daemon needed)."""
 
-import pyarrow as pa
-
 import numpy as np
+import pyarrow as pa
 
 from stallscope.api.alerts import Baselines, StallDetector, alert_parts
 from stallscope.api.fanout import Fanout, Filter

@@ -208,7 +208,7 @@ def test_interval_joins_match_brute_force(seed):
         offs.append((tid, s, s + rnd.randint(1, 25 * MS), rnd.random() < 0.5))
     for run, tid, s, e in steps:
         add_span(con, run, tid, "step", s / MS, e / MS)
-    for run, s, e in gcs:
+    for _run, s, e in gcs:
         con.execute(
             "INSERT INTO gc_events (run_id, tid, generation, start_ns, end_ns) VALUES (1, 99, 0, ?, ?)",
             [s, e],

@@ -102,7 +102,7 @@ def _gen2_section(con, where):
         batch,
         step_ms,
         in_prefill,
-        stall,
+        _stall,
         in_idle,
     ) in rows:
         note = (
@@ -236,7 +236,7 @@ def _slow_section(con, where):
                 else ""
             )
             + ". Causes: "
-            + ", ".join(f"{c} {n:,}" for c, n in zip(CAUSES, counts) if n)
+            + ", ".join(f"{c} {n:,}" for c, n in zip(CAUSES, counts, strict=True) if n)
             + ("" if any(counts) else "none")
             + ".\n"
         )

@@ -81,7 +81,7 @@ class _Intervals:
             new = (start[sel], end[sel], extra[sel])
             old = self.by_key.get(k)
             if old is not None:
-                new = tuple(np.concatenate([o, n]) for o, n in zip(old, new))
+                new = tuple(np.concatenate([o, n]) for o, n in zip(old, new, strict=True))
             self.by_key[k] = new
 
     def prune(self, now_ns):
