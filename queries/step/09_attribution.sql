@@ -137,30 +137,50 @@ cov_run AS (   -- which probes ever covered each run
                                  - rq_fallback_ns END AS blocked_ns,
         CASE WHEN sched_cov THEN coalesce(c_migrations, 0) END AS migrations
     FROM k
-), m AS (      -- on-CPU parts: each capped by what the earlier ones left of the
-               -- wall time outside GC and the off-CPU parts (left*_ns)
+), r AS (      -- on-CPU raw parts, and the time they may share: the wall time
+               -- outside GC and the off-CPU parts
     SELECT o.*,
         greatest(0, duration_ns - gc_ns - coalesce(lock_ns, 0) - coalesce(peer_ns, 0) - coalesce(runq_ns, 0)
-                 - coalesce(throttled_ns, 0) - coalesce(preempted_ns, 0) - coalesce(blocked_ns, 0)) AS left0_ns,
-        CASE WHEN irq_cov THEN least(coalesce(irq_raw_ns, 0), left0_ns) END AS irq_ns,
-        left0_ns - coalesce(irq_ns, 0) AS left1_ns,
-        CASE WHEN steal_cov THEN least(coalesce(c_steal_ns, 0), left1_ns) END AS steal_ns,
-        left1_ns - coalesce(steal_ns, 0) AS left2_ns,
-        CASE WHEN page_faults_cov THEN least(coalesce(page_fault_raw_ns, 0), left2_ns) END AS page_fault_ns,
-        left2_ns - coalesce(page_fault_ns, 0) AS left3_ns,
+                 - coalesce(throttled_ns, 0) - coalesce(preempted_ns, 0) - coalesce(blocked_ns, 0)) AS room_ns,
+        CASE WHEN irq_cov THEN coalesce(irq_raw_ns, 0) END AS irq_raw,
+        CASE WHEN steal_cov THEN coalesce(c_steal_ns, 0) END AS steal_raw,
+        CASE WHEN page_faults_cov THEN coalesce(page_fault_raw_ns, 0) END AS page_fault_raw,
         CASE WHEN syscalls_cov THEN   -- time in syscalls less the voluntary off-CPU time
-            least(greatest(0, coalesce(c_syscall_total_ns, 0) - coalesce(blocked_raw_ns, 0)), left3_ns) END
-            AS syscall_ns,
-        left3_ns - coalesce(syscall_ns, 0) AS left4_ns,
-        CASE WHEN migrations IS NOT NULL THEN least(migrations * migration_cost_ns, left4_ns) END AS migration_ns,
-        left4_ns - coalesce(migration_ns, 0) AS left5_ns,
-        least(submit_raw_ns, left5_ns) AS submit_host_ns,
-        least(gpu_clock_raw_ns, left5_ns - submit_host_ns) AS gpu_clock_ns,
+            greatest(0, coalesce(c_syscall_total_ns, 0) - coalesce(blocked_raw_ns, 0)) END AS syscall_raw,
+        migrations * migration_cost_ns AS migration_raw
+    FROM o
+), q AS (      -- running totals in precedence order (NULL parts count 0)
+    SELECT r.*,
+        coalesce(irq_raw, 0) AS p1,
+        coalesce(irq_raw, 0) + coalesce(steal_raw, 0) AS p2,
+        coalesce(irq_raw, 0) + coalesce(steal_raw, 0) + coalesce(page_fault_raw, 0) AS p3,
+        coalesce(irq_raw, 0) + coalesce(steal_raw, 0) + coalesce(page_fault_raw, 0)
+            + coalesce(syscall_raw, 0) AS p4,
+        coalesce(irq_raw, 0) + coalesce(steal_raw, 0) + coalesce(page_fault_raw, 0)
+            + coalesce(syscall_raw, 0) + coalesce(migration_raw, 0) AS p5,
+        coalesce(irq_raw, 0) + coalesce(steal_raw, 0) + coalesce(page_fault_raw, 0)
+            + coalesce(syscall_raw, 0) + coalesce(migration_raw, 0) + submit_raw_ns AS p6,
+        coalesce(irq_raw, 0) + coalesce(steal_raw, 0) + coalesce(page_fault_raw, 0)
+            + coalesce(syscall_raw, 0) + coalesce(migration_raw, 0) + submit_raw_ns + gpu_clock_raw_ns AS p7
+    FROM r
+), c AS (      -- each on-CPU part capped by what the earlier ones left of room_ns:
+               -- least(p_k, room) - least(p_k-1, room)
+    SELECT q.*,
+        CASE WHEN irq_raw IS NOT NULL THEN least(p1, room_ns) END AS irq_ns,
+        CASE WHEN steal_raw IS NOT NULL THEN least(p2, room_ns) - least(p1, room_ns) END AS steal_ns,
+        CASE WHEN page_fault_raw IS NOT NULL THEN least(p3, room_ns) - least(p2, room_ns) END AS page_fault_ns,
+        CASE WHEN syscall_raw IS NOT NULL THEN least(p4, room_ns) - least(p3, room_ns) END AS syscall_ns,
+        CASE WHEN migration_raw IS NOT NULL THEN least(p5, room_ns) - least(p4, room_ns) END AS migration_ns,
+        least(p6, room_ns) - least(p5, room_ns) AS submit_host_ns,
+        least(p7, room_ns) - least(p6, room_ns) AS gpu_clock_ns
+    FROM q
+), m AS (
+    SELECT c.*,
         greatest(gc_ns, coalesce(lock_ns, 0), coalesce(peer_ns, 0), coalesce(runq_ns, 0),
                  coalesce(throttled_ns, 0), coalesce(preempted_ns, 0), coalesce(blocked_ns, 0),
                  coalesce(irq_ns, 0), coalesce(steal_ns, 0), coalesce(page_fault_ns, 0),
                  coalesce(syscall_ns, 0), coalesce(migration_ns, 0), submit_host_ns, gpu_clock_ns) AS top_ns
-    FROM o
+    FROM c
 )
 SELECT
     run_id,               -- run (runs.run_id)
