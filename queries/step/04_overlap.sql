@@ -198,16 +198,22 @@ WITH o AS MATERIALIZED (
 ), scs AS (
     SELECT run_id, tid, step_idx, sum(ns)::BIGINT AS syscall_total_ns, arg_max(name, (ns, name)) AS top_syscall
     FROM sc GROUP BY ALL
-), who AS (     -- the preemptor holding the most preempted time, the waker of the most sleep
-                -- (read from the pairs that name one: none without the waker columns)
-    SELECT run_id, tid, step_idx,
-        arg_max_null({'pid': who_pid, 'comm': label, 'run_id': who_run_id}, overlap_ns)
-            FILTER (preempted) AS preemptor,
-        arg_max_null({'pid': who_pid, 'tid': who_tid, 'comm': label, 'run_id': who_run_id},
-                     CASE WHEN wake_ns IS NULL THEN b_ns ELSE least(b_ns, greatest(a_ns, wake_ns)) END - a_ns)
-            FILTER (NOT coalesce(preempted, false)) AS waker
+), who_time AS ( -- time per preemptor and per waker in each step (from the pairs that
+                  -- name one: none without the waker columns)
+    SELECT run_id, tid, step_idx, coalesce(preempted, false) AS preempted,
+           {'pid': who_pid, 'tid': CASE WHEN NOT coalesce(preempted, false) THEN who_tid END,
+            'comm': label, 'run_id': who_run_id} AS who,
+           sum(CASE WHEN preempted THEN overlap_ns
+                    ELSE (CASE WHEN wake_ns IS NULL THEN b_ns ELSE least(b_ns, greatest(a_ns, wake_ns)) END) - a_ns
+               END) AS ns
     FROM o WHERE src = 1 AND (who_pid IS NOT NULL OR who_tid IS NOT NULL OR label IS NOT NULL)
-    GROUP BY run_id, tid, step_idx
+    GROUP BY ALL
+), who AS (     -- the task that held the CPU for most of the preempted time, the thread
+                -- the step waited on for most of its sleep
+    SELECT run_id, tid, step_idx,
+        arg_max(who, (ns, who.comm)) FILTER (preempted) AS preemptor,
+        arg_max(who, (ns, who.comm)) FILTER (NOT preempted) AS waker
+    FROM who_time GROUP BY run_id, tid, step_idx
 ), agg AS (
     SELECT
         run_id, tid, step_idx,

@@ -180,3 +180,28 @@ def test_report_summary_and_compare_leave_idle_steps_out(kernel, tmp_path):
     stages = cmp.split("per stage ==")[1].split("==")[0]
     row = [ln.split() for ln in stages.splitlines() if ln.startswith("recurrent")][0]
     assert row[1:4] == ["44", "10.0", "15.0"]  # idle steps out of the count, p50 and p99
+
+
+def test_preemptor_is_the_task_with_the_most_time_not_the_longest_interval():
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from db import add_run, add_steps, new_db, normal_steps
+
+    con = new_db()
+    add_run(con, 1, 100)
+    add_steps(con, 1, 11, normal_steps(0, 9) + [(1000, 1015)])
+    for s, e, pid, comm in (
+        (1001, 1002, 7, "kworker"),
+        (1003, 1004, 7, "kworker"),
+        (1005, 1006, 7, "kworker"),
+        (1008, 1010.5, 8, "hog"),  # the longest interval, but less time in all
+    ):
+        con.execute(
+            "INSERT INTO offcpu (pid, tid, start_ns, end_ns, preempted, cpu, preemptor_pid, "
+            "preemptor_tid, preemptor_comm) VALUES (100, 11, ?, ?, true, 0, ?, ?, ?)",
+            [int(s * MS), int(e * MS), pid, pid, comm],
+        )
+    (r,) = [r for r in rows(con, "slow")]
+    assert r["cause"] == "preemption" and r["preempted_ns"] == int(5.5 * MS)
+    assert (r["preemptor_pid"], r["preemptor_comm"]) == (7, "kworker")
