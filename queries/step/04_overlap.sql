@@ -185,9 +185,11 @@ WITH o AS MATERIALIZED (
     FROM x
 ), z AS (
     SELECT y.*,
-        CASE WHEN src = 1 AND preempted THEN overlap_ns - gc_first_ns END AS pre_net_ns,
-        CASE WHEN src = 1 AND m_ns IS NOT NULL THEN m_ns - a_ns - gc_first_ns END AS sleep_net_ns,
-        CASE WHEN src = 1 AND m_ns IS NOT NULL THEN b_ns - m_ns - gc_rq_ns END AS rq_net_ns,
+        -- (clamped at 0: should passes of one run ever overlap, as they never do
+        -- from a real process, their sum could exceed the part)
+        CASE WHEN src = 1 AND preempted THEN greatest(0, overlap_ns - gc_first_ns) END AS pre_net_ns,
+        CASE WHEN src = 1 AND m_ns IS NOT NULL THEN greatest(0, m_ns - a_ns - gc_first_ns) END AS sleep_net_ns,
+        CASE WHEN src = 1 AND m_ns IS NOT NULL THEN greatest(0, b_ns - m_ns - gc_rq_ns) END AS rq_net_ns,
         -- pro-rated share of a summary row (syscalls, page faults) inside the step (0..1)
         CASE WHEN xe > xs THEN overlap_ns / (xe - xs) ELSE 1.0 END AS frac
     FROM y
@@ -243,7 +245,7 @@ WITH o AS MATERIALIZED (
         -- page faults (summary rows pro-rated by their overlap), IRQ time net of GC
         round(sum(n * frac) FILTER (src = 5))::BIGINT AS page_faults,
         round(sum(v_ns * frac) FILTER (src = 5))::BIGINT AS page_fault_raw_ns,
-        sum(overlap_ns - gc_first_ns) FILTER (src = 6)::BIGINT AS irq_raw_ns
+        sum(greatest(0, overlap_ns - gc_first_ns)) FILTER (src = 6)::BIGINT AS irq_raw_ns
     FROM z
     GROUP BY run_id, tid, step_idx
 )
