@@ -43,3 +43,10 @@ def test_name_cause():
     assert rules.name_cause(10, {"preemption": 6, "lock": 1}) == "preemption"
     assert rules.is_idle(0) and not rules.is_idle(0, reports_batch=False)
     assert not rules.is_slow(13, 10, idle=True) and rules.is_slow(13, 10)
+
+
+def test_every_cause_has_its_own_colour():
+    from stallscope.analysis.report import CAUSE_COLOURS
+
+    assert set(CAUSE_COLOURS) == set(rules.CAUSES)
+    assert len(set(CAUSE_COLOURS.values())) == len(CAUSE_COLOURS)

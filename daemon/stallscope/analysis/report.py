@@ -270,30 +270,30 @@ def _who_section(con, where):
     )
 
 
-CAUSE_COLOURS = {"gc": "tab:red", "unexplained": "black", "uncovered": "0.4"}
-_PALETTE = (
-    "tab:orange",
-    "tab:green",
-    "tab:purple",
-    "tab:brown",
-    "tab:pink",
-    "tab:olive",
-    "tab:cyan",
-    "gold",
-    "navy",
-    "lime",
-    "teal",
-    "magenta",
-    "sienna",
-)
+# One fixed colour per cause (gc red, as in the seed's figures; the common
+# ones far apart).
+CAUSE_COLOURS = {
+    "gc": "tab:red",
+    "lock": "tab:cyan",
+    "peer": "tab:brown",
+    "runqueue": "tab:orange",
+    "throttled": "gold",
+    "preemption": "tab:purple",
+    "blocked": "tab:olive",
+    "irq": "navy",
+    "steal": "tab:pink",
+    "page_fault": "teal",
+    "syscall": "lime",
+    "migration": "sienna",
+    "submit": "tab:green",
+    "gpu_clock": "magenta",
+    "uncovered": "0.45",
+    "unexplained": "black",
+}
 
 
 def cause_colour(cause):
-    """A fixed colour per cause (gc red, as in the seed's figures)."""
-    if cause in CAUSE_COLOURS:
-        return CAUSE_COLOURS[cause]
-    others = [c for c in CAUSES if c not in CAUSE_COLOURS]
-    return _PALETTE[others.index(cause) % len(_PALETTE)] if cause in others else "tab:gray"
+    return CAUSE_COLOURS.get(cause, "tab:gray")
 
 
 def _figures(con, where, out_dir):
