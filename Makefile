@@ -1,6 +1,6 @@
 # The two commands a new user needs: `make demo` and `make test`.
 # Both set up what they need first (scripts/bootstrap.sh, idempotent).
-.PHONY: demo test bootstrap bench clean protos install uninstall faults
+.PHONY: demo test lint bootstrap bench clean protos install uninstall faults
 
 PYTEST_ARGS ?=
 
@@ -10,8 +10,16 @@ bootstrap:
 demo: bootstrap
 	.venv/bin/stallscope demo $(DEMO_ARGS)
 
-test: bootstrap
+# Lint and format check first (ruff, pinned in the test extra; config in
+# pyproject.toml), then the suite.
+LINT_PATHS = daemon probe_client tests bench scripts
+
+test: bootstrap lint
 	.venv/bin/python -m pytest $(PYTEST_ARGS)
+
+lint: bootstrap
+	.venv/bin/ruff check $(LINT_PATHS)
+	.venv/bin/ruff format --check $(LINT_PATHS)
 
 # The fault, load and security suite at full size (~13 min; RELIABILITY.md).
 # A CI-sized subset runs inside `make test`.

@@ -20,8 +20,6 @@ reference. Usage: python bench/api_latency.py [--rate 10000] [--seconds 10]
 import argparse
 import multiprocessing as mp
 import os
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -30,19 +28,9 @@ from pathlib import Path
 import duckdb
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-
 from stallscope.api.client import Client
 from stallscope.api.v1 import stallscope_pb2 as pb
-
-DAEMON = """
-import sys
-import stallscope.service.server as server
-if float(sys.argv[1]) > 0:  # 0: the daemon's own policy (20 ms while subscribed)
-    server.DECODE_INTERVAL_S = server.LIVE_DECODE_INTERVAL_S = float(sys.argv[1]) / 1000.0
-from stallscope.cli import main
-sys.exit(main(sys.argv[2:]))
-"""
+from stallscope.demo.child import DaemonChild
 
 
 def emitter(socket_path, rate, seconds, go, out):
@@ -69,35 +57,16 @@ def emitter(socket_path, rate, seconds, go, out):
 
 
 def start_daemon(tmp, decode_ms):
-    sock, api, db = (str(Path(tmp) / n) for n in ("probe.sock", "api.sock", "bench.duckdb"))
-    log = open(Path(tmp) / "daemon.log", "w")
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            DAEMON,
-            str(decode_ms),
-            "daemon",
-            "--socket",
-            sock,
-            "--db",
-            db,
-            "--api-socket",
-            api,
-            "--sched-backend",
-            "none",
-            "--gpu-backend",
-            "none",
-        ],
-        stdout=log,
-        stderr=log,
-    )
-    deadline = time.monotonic() + 30
-    while not (os.path.exists(api) and os.path.exists(sock)):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise SystemExit(f"daemon did not start: {open(log.name).read()}")
-        time.sleep(0.05)
-    return proc, sock, api
+    sock, api, db = (Path(tmp) / n for n in ("probe.sock", "api.sock", "bench.duckdb"))
+    preamble = None
+    if decode_ms > 0:  # 0: the daemon's own policy (20 ms while subscribed)
+        preamble = (
+            "import stallscope.service.server as server\n"
+            f"server.DECODE_INTERVAL_S = server.LIVE_DECODE_INTERVAL_S = {decode_ms / 1000.0!r}\n"
+        )
+    args = ["--api-socket", str(api), "--sched-backend", "none", "--gpu-backend", "none"]
+    daemon = DaemonChild(sock, db, Path(tmp) / "daemon.log", args, preamble=preamble).start()
+    return daemon, str(sock), str(api)
 
 
 def cpu_seconds(pid):
@@ -111,7 +80,7 @@ def pct(a, q):
 
 def latency_run(rate, seconds, decode_ms, subscribe=True):
     with tempfile.TemporaryDirectory() as tmp:
-        proc, sock, api = start_daemon(tmp, decode_ms)
+        daemon, sock, api = start_daemon(tmp, decode_ms)
         client = Client(api)
         client.wait_ready()
         total, daemon_side, transport = [], [], []
@@ -143,11 +112,13 @@ def latency_run(rate, seconds, decode_ms, subscribe=True):
         p.start()
         time.sleep(0.5)
         t_start = time.monotonic_ns()
-        cpu0 = cpu_seconds(proc.pid)
+        cpu0 = cpu_seconds(daemon.proc.pid)
         go.set()
         sent, stats = out.get(timeout=seconds + 60)
         p.join()
-        cpu_pct = 100 * (cpu_seconds(proc.pid) - cpu0) / ((time.monotonic_ns() - t_start) / 1e9)
+        cpu_pct = (
+            100 * (cpu_seconds(daemon.proc.pid) - cpu0) / ((time.monotonic_ns() - t_start) / 1e9)
+        )
         deadline = time.monotonic() + 10
         while (
             subscribe
@@ -178,8 +149,7 @@ def latency_run(rate, seconds, decode_ms, subscribe=True):
         }
         qres = query_runs(client) if decode_ms == 0 and subscribe else None
         client.close()
-        proc.terminate()
-        proc.wait(30)
+        daemon.stop(timeout_s=30)
         return res, qres
 
 
@@ -202,10 +172,10 @@ def query_runs(client):
     out = []
     for name, sql in (("stored spans", "SELECT * FROM spans"), ("synthetic 2M x 4", SYNTH)):
 
-        def arrow():
+        def arrow(sql=sql):
             return client.query_arrow(sql, limit=10_000_000, timeout_ms=120_000)[0].num_rows
 
-        def rows():
+        def rows(sql=sql):
             n = 0
             for msg in client.stub.Query(
                 pb.QueryRequest(sql=sql, max_rows=10_000_000, timeout_ms=120_000)
@@ -220,7 +190,7 @@ def query_runs(client):
         if name == "stored spans":
             t_ref = None
         else:
-            _, t_ref = timed(lambda: ref.sql(sql).to_arrow_table().num_rows)
+            _, t_ref = timed(lambda ref=ref, sql=sql: ref.sql(sql).to_arrow_table().num_rows)
         out.append(
             {
                 "result": name,

@@ -18,18 +18,13 @@ and then the poller thread at 10 Hz on 8 GPUs for --seconds: its own CPU time
 import argparse
 import ctypes
 import statistics
-import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests" / "probes"))
+import pynvml
 
-import fake_nvml  # noqa: E402
-import pynvml  # noqa: E402
-
-from stallscope.probes.base import ProbeSettings  # noqa: E402
-from stallscope.probes.gpu_nvml import NvmlGpuProbe  # noqa: E402
+from stallscope.probes import fake_nvml
+from stallscope.probes.base import ProbeSettings
+from stallscope.probes.gpu_nvml import NvmlGpuProbe
 
 
 class NullSink:
@@ -37,6 +32,9 @@ class NullSink:
         pass
 
     def loss(self, *args):
+        pass
+
+    def status(self, *args):
         pass
 
 
@@ -56,7 +54,7 @@ def main():
     fake1 = fake_nvml.FakeNvml(gpus=1)
     fake8 = fake_nvml.FakeNvml(gpus=8)
     fake_nvml.install(fake1)
-    p1 = NvmlGpuProbe(ProbeSettings(extra={"gpu_buffers": False}))
+    p1 = NvmlGpuProbe(ProbeSettings(gpu_buffers=False))
     p1.open(NullSink())
     pb = NvmlGpuProbe(ProbeSettings())
     pb.open(NullSink())
@@ -87,7 +85,7 @@ def main():
             if k == "poll_1gpu":
                 p1._rows = {c: [] for c in p1._rows}
         fake_nvml.install(fake8)
-        p8 = NvmlGpuProbe(ProbeSettings(extra={"gpu_buffers": False}))
+        p8 = NvmlGpuProbe(ProbeSettings(gpu_buffers=False))
         p8.open(NullSink())
         res["poll_8gpu_per_gpu"].append(per_call_us(p8.poll, 500) / 8)
     print(f"rounds {args.rounds}; median per call, microseconds (CPU side, fake driver):")

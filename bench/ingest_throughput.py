@@ -18,10 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-
-from daemonproc import DaemonProcess
 from probe_client import wire
+from stallscope.demo.child import DaemonChild
 
 
 def sender(path, seconds, token, out, rate=0.0):
@@ -80,7 +78,13 @@ def main():
         help="records/s in all (0: as fast as the daemon takes them)",
     )
     a = ap.parse_args()
-    d = DaemonProcess(Path(tempfile.mkdtemp(prefix="stallscope-bench-"))).start()
+    tmp = Path(tempfile.mkdtemp(prefix="stallscope-bench-"))
+    d = DaemonChild(
+        tmp / "probe.sock",
+        tmp / "bench.duckdb",
+        tmp / "daemon.log",
+        ["--sched-backend", "none", "--gpu-backend", "none"],
+    ).start()
     pid = d.proc.pid
     cpu0 = cpu_seconds(pid)
     q = mp.Queue()

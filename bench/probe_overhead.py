@@ -1,7 +1,7 @@
 """Added time per engine step: no probe vs stallscope's probe vs a seed-style hook.
 
-One engine shaped like the seed's (`_step` -> `_schedule`, `executor.submit`,
-`ticket.collect`; no real work, so only instrumentation shows), timed in
+The toy engine (stallscope.demo.engine.ToyEngine: `_step` -> `_schedule`,
+`executor.submit`, `ticket.collect`; no real work, so only instrumentation shows), timed in
 interleaved rounds in one process so that machine noise hits all arms alike:
 
   none      the bare engine
@@ -24,45 +24,9 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-
 import probe_client
-from daemonproc import DaemonProcess
-
-
-class Ticket:
-    __slots__ = ("value", "__dict__")
-
-    def __init__(self, value):
-        self.value = value
-
-    def collect(self):
-        return self.value
-
-
-class Batch:
-    __slots__ = ("phase", "requests")
-
-    def __init__(self, phase, requests):
-        self.phase = phase
-        self.requests = requests
-
-
-class Executor:
-    def submit(self, batch):
-        return Ticket(len(batch.requests))
-
-
-class Engine:
-    def __init__(self):
-        self.executor = Executor()
-        self.requests = (1, 2, 3)
-
-    def _schedule(self):
-        return Batch("recurrent", self.requests)
-
-    def _step(self):
-        return self.executor.submit(self._schedule()).collect()
+from stallscope.demo.child import DaemonChild
+from stallscope.demo.engine import Executor, NoWork, Ticket, ToyEngine
 
 
 def seed_hook(engine):
@@ -145,20 +109,23 @@ def main():
     )
     a = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="stallscope-bench-"))
-    daemon = DaemonProcess(tmp).start()
+    daemon = DaemonChild(
+        tmp / "probe.sock",
+        tmp / "bench.duckdb",
+        tmp / "daemon.log",
+        ["--sched-backend", "none", "--gpu-backend", "none"],
+    ).start()
     probe = probe_client.connect(socket_path=daemon.socket, gc=True)
-    arms = {"none": Engine(), "probe": Engine(), "offline": Engine(), "seed": Engine()}
+    arms = {"none": ToyEngine(), "probe": ToyEngine(), "offline": ToyEngine(), "seed": ToyEngine()}
     offline = probe_client.connect(socket_path=str(tmp / "nobody.sock"), gc=True)
 
     class OfflineTicket(Ticket):  # its own collect, so only the offline probe wraps it
-        def collect(self):
-            return self.value
+        collect = Ticket.collect
 
-    class OfflineExecutor:
-        def submit(self, batch):
-            return OfflineTicket(len(batch.requests))
+    class OfflineExecutor(Executor):
+        ticket_class = OfflineTicket
 
-    arms["offline"].executor = OfflineExecutor()
+    arms["offline"].executor = OfflineExecutor(NoWork())
     for p, e, ticket in ((probe, arms["probe"], Ticket), (offline, arms["offline"], OfflineTicket)):
         p.attach(e, "_step", kind="step")
         p.attach(
@@ -172,16 +139,15 @@ def main():
     class PlainTicket(Ticket):
         collect = Ticket.collect.__wrapped__
 
-    class PlainExecutor:
-        def submit(self, batch):
-            return PlainTicket(len(batch.requests))
+    class PlainExecutor(Executor):
+        ticket_class = PlainTicket
 
-    arms["none"].executor = PlainExecutor()
-    arms["seed"].executor = PlainExecutor()
+    arms["none"].executor = PlainExecutor(NoWork())
+    arms["seed"].executor = PlainExecutor(NoWork())
     seed_rows = seed_hook(arms["seed"])
     results = {k: [] for k in arms}
     collections = {k: [0, 0, 0] for k in arms}
-    for r in range(a.rounds):
+    for _ in range(a.rounds):
         for name, engine in arms.items():
             before = [s["collections"] for s in gc.get_stats()]
             results[name].append(time_steps(engine, a.steps, int(a.period_us * 1000)))

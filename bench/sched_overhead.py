@@ -26,9 +26,7 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-
-from stallscope.probes.sched_bcc import RECORD_DTYPE, BccSchedProbe
+from stallscope.probes.sched_bcc import BccSchedProbe
 from stallscope.probes.sched_perf import PerfSchedProbe
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -67,13 +65,17 @@ def run_pingpong(exe, rounds, cpu, on_ready=None):
 
 
 def decode_ceiling(n=1_000_000):
-    """Reader decode cost per record, synthetic switch-in records, no kernel."""
-    recs = np.zeros(n, dtype=RECORD_DTYPE)
+    """Reader decode cost per record, synthetic switch-in records, no kernel
+    events (the program is loaded only for its record layout)."""
+    p = BccSchedProbe()
+    p.start(CountSink())
+    dtype = p._ring.dtype  # the compiled layout (sched_bcc.h), with the ring header
+    p.stop()
+    recs = np.zeros(n, dtype=dtype)
     recs["kind"] = 1
     recs["a_ns"] = np.arange(n) + 1
     recs["b_ns"] = np.where(np.arange(n) % 2 == 0, np.arange(n) + 1, 0)
     recs["c_ns"] = np.arange(n) + 10
-    p = BccSchedProbe()
     p._sink = CountSink()
     batch = 4096  # about one 20 ms poll at 200k/s
     t0 = time.thread_time_ns()
@@ -121,7 +123,10 @@ def main():
                 rec0 = probe.status()["records"]
                 t0 = time.monotonic_ns()
                 v = run_pingpong(
-                    exe, args.rounds, args.cpu, lambda a, b: (probe.track(a), probe.track(b))
+                    exe,
+                    args.rounds,
+                    args.cpu,
+                    lambda a, b, probe=probe: (probe.track(a), probe.track(b)),
                 )
                 probe.drain()
                 wall = time.monotonic_ns() - t0
@@ -169,7 +174,10 @@ def main():
                 results["perf-untracked"].append(v)
                 deltas["perf-untracked"].append(v - base)
                 v = run_pingpong(
-                    exe, args.rounds, args.cpu, lambda a, b: (probe.track(a), probe.track(b))
+                    exe,
+                    args.rounds,
+                    args.cpu,
+                    lambda a, b, probe=probe: (probe.track(a), probe.track(b)),
                 )
                 results["perf-tracked"].append(v)
                 deltas["perf-tracked"].append(v - base)

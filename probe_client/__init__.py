@@ -15,9 +15,11 @@ does on the engine's hot path raises, blocks, or leaves garbage behind (see
 `_probe.py`). Standard library only.
 """
 
+from ._expr import ExprError
 from ._probe import DEFAULT_SOCKET, SOCKET_ENV, Probe
+from ._wrap import AttachError
 
-__all__ = ["connect", "Probe", "DEFAULT_SOCKET", "SOCKET_ENV"]
+__all__ = ["connect", "Probe", "AttachError", "ExprError", "DEFAULT_SOCKET", "SOCKET_ENV"]
 
 
 def connect(socket_path=None, run_label=None, gc=True):

@@ -9,261 +9,86 @@ leave in one non-blocking send per flush; a full socket or an absent daemon
 is a counted drop (and a gap in the sequence numbers), never a wait. GC
 records are written by the GC callback into a separate single-producer ring
 so the callback never takes the buffer lock (a collection can start while a
-thread holds it). Standard library only.
+thread holds it). This module holds the public API, the hot-path record
+writes and the GC callback; `_transport.py` the buffer and the socket,
+`_wrap.py`/`_codegen.py` the wrappers of `attach()`. Standard library only.
 """
 
-import atexit
 import gc as _gc
-import inspect
-import json
 import os
-import re
-import signal
 import socket
-import sys
-import sysconfig
 import threading
-import time
 import weakref
 
-from . import wire
+from . import _codegen, _wrap, wire
+from ._transport import (
+    FLUSH_INTERVAL_NS,
+    FULL_AT,
+    GC_RING_SLOTS,
+    MOSTLY_FULL_AT,
+    Transport,
+    _live_probes,
+    _monotonic_ns,
+    _native_id,
+)
 
 DEFAULT_SOCKET = "/run/stallscope/probe.sock"
 SOCKET_ENV = "STALLSCOPE_SOCKET"
 
-RECONNECT_INTERVAL_NS = 1_000_000_000  # at most one connection attempt a second
-FLUSH_INTERVAL_NS = 20_000_000  # an outermost span end sends if older than this
-IDLE_FLUSH_S = 0.1  # the background flusher's period
-GC_RING_SLOTS = 256
-
-_monotonic_ns = time.monotonic_ns
-_native_id = threading.get_native_id
 _pack_record = wire.RECORD.pack_into
-_pack_header = wire.HEADER.pack_into
 _REC_SPAN = wire.REC_SPAN
 _REC_GC = wire.REC_GC
 _HDR = wire.HEADER_SIZE
 _RS = wire.RECORD_SIZE
 _U32 = wire.U32_MAX
-_FULL_AT = wire.DATAGRAM_MAX
-_MOSTLY_FULL_AT = wire.HEADER_SIZE + (wire.MAX_RECORDS * 3 // 4) * wire.RECORD_SIZE
 
-_live_probes = weakref.WeakSet()
-
-
-def _free_threaded():
-    return (
-        bool(sysconfig.get_config_var("Py_GIL_DISABLED"))
-        and not getattr(sys, "_is_gil_enabled", lambda: True)()
-    )
-
-
-_SPEC_RE = re.compile(r"^(len\()?\s*(result|self|arg[0-9])((?:\.[A-Za-z_][A-Za-z0-9_]*)*)\s*(\))?$")
-
-
-def _compile_spec(text):
-    """Parse a stage/batch source (`result.phase`, `arg0.requests`,
-    `self.batch.size`, `len(result.requests)`) into (source, attrs, use_len)."""
-    m = _SPEC_RE.match(text.strip()) if isinstance(text, str) else None
-    if m is None or bool(m.group(1)) != bool(m.group(4)):
-        raise ValueError(
-            f"bad source {text!r}: use result.ATTR, argN.ATTR, self.ATTR "
-            "or len(...) of one of these"
-        )
-    return m.group(2), m.group(3), bool(m.group(1))
+# Numbers and functions the generated wrappers are compiled with.
+_CONSTS = {
+    "full": FULL_AT,
+    "rtype": _REC_SPAN,
+    "rs": _RS,
+    "interval": FLUSH_INTERVAL_NS,
+    "half": MOSTLY_FULL_AT,
+    "pack": _pack_record,
+    "mono": _monotonic_ns,
+}
 
 
 class _ThreadState:
     """Per-thread probe state; one per thread, made on the thread's first span."""
 
-    __slots__ = ("tid", "depth", "stage_id", "batch")
+    __slots__ = ("tid", "depth", "stage_id", "batch", "ext", "work", "idle")
 
     def __init__(self):
         self.tid = _native_id()
         self.depth = 0
         self.stage_id = 0
         self.batch = 0
+        self.ext = 0  # 1: work or idle is set (the span gets an extension record)
+        self.work = None
+        self.idle = None
 
 
-# The wrapper `attach()` installs, generated per method so that it takes the
-# method's own parameters: forwarding `*args, **kwargs` would build an
-# argument tuple and dict on every call (and costs ~0.3 us here). Everything
-# between the two timestamps is the user's call; everything after is one
-# record write, guarded so that nothing of ours can replace the call's own
-# return value or exception.
-_WRAPPER_TEMPLATE = """
-def make(_p, _target, _owner_ref, _KID, _sid, _pack, _buf, _acquire, _release, _mono, _local):
-    def wrapper({params}):
-        try:
-            st = _local.st
-        except AttributeError:
-            st = _p._thread_state()
-        st.depth += 1
-        result = None
-        t0 = _mono()
-        try:
-            result = {call}
-            return result
-        finally:
-            t1 = _mono()
-            st.depth -= 1
-            try:
-{tags}
-                _acquire()
-                try:
-                    pos = _p._pos
-                    if pos >= {full}:
-                        _p._send_full_locked(t1)
-                        pos = _p._pos
-                    _pack(_buf, pos, {rtype}, st.depth, _KID, st.tid, t0, t1, st.stage_id, st.batch)
-                    _p._pos = pos + {rs}
-                finally:
-                    _release()
-                if st.depth == 0:
-                    st.stage_id = 0
-                    st.batch = 0
-                    if t1 - _p._last_send_ns >= {interval} or _p._pos >= {half}:
-                        _p._flush(t1)
-            except Exception:
-                _p.errors += 1
-    return wrapper
-"""
-
-_TAG_TEMPLATE = """\
-                try:
-                    {stmt}
-                except Exception:
-                    _p.errors += 1
-"""
-
-
-def _plain_params(func):
-    """Parameter names of `func` if they are all plain positional-or-keyword
-    ones without defaults, else None (then the wrapper forwards *args)."""
-    try:
-        sig = inspect.signature(func)
-    except (TypeError, ValueError):
-        return None
-    names = []
-    for param in sig.parameters.values():
-        if param.kind is not param.POSITIONAL_OR_KEYWORD or param.default is not param.empty:
-            return None
-        names.append(param.name)
-    return names
-
-
-def _build_wrapper(probe, target, kid, stage, batch, mode, params, owner_ref):
-    """mode: 'class' (target is the function stored on a class: self is the
-    first parameter), 'weak' (target is the function of a method bound to an
-    instance held by weak reference), 'call' (target is any callable)."""
-    exact = params is not None
-    if exact:
-        user = [f"a{i}" for i in range(len(params) - (0 if mode == "call" else 1))]
-    if mode == "class":
-        self_name = "a_self"
-        sig = ["a_self"] + user if exact else ["a_self", "*args", "**kwargs"]
-        call = "_target(" + ", ".join(sig) + ")"
-    elif mode == "weak":
-        self_name = "_owner_ref()"
-        sig = user if exact else ["*args", "**kwargs"]
-        call = "_target(_owner_ref(), " + ", ".join(sig) + ")"
-    else:
-        self_name = "None"
-        sig = user if exact else ["*args", "**kwargs"]
-        call = "_target(" + ", ".join(sig) + ")"
-
-    def expr(spec):
-        source, attrs, use_len = _compile_spec(spec)
-        if source == "result":
-            base = "result"
-        elif source == "self":
-            if self_name == "None":
-                raise ValueError(f"{spec!r}: the attached callable has no self")
-            base = self_name
-        else:
-            n = int(source[3:])
-            if exact and n >= len(user):
-                raise ValueError(f"{spec!r}: the method takes {len(user)} argument(s)")
-            base = f"a{n}" if exact else f"args[{n}]"
-        text = base + attrs
-        return f"len({text})" if use_len else text
-
-    tags = []
-    if stage:
-        tags.append(_TAG_TEMPLATE.format(stmt=f"st.stage_id = _sid({expr(stage)})"))
-    if batch:
-        tags.append(_TAG_TEMPLATE.format(stmt=f"st.batch = int({expr(batch)}) & {_U32}"))
-    source = _WRAPPER_TEMPLATE.format(
-        params=", ".join(sig),
-        call=call,
-        tags="".join(tags) or "                pass",
-        full=_FULL_AT,
-        rtype=_REC_SPAN,
-        rs=_RS,
-        interval=FLUSH_INTERVAL_NS,
-        half=_MOSTLY_FULL_AT,
-    )
-    namespace = {}
-    exec(compile(source, f"<stallscope wrapper kind={kid}>", "exec"), namespace)
-    return namespace["make"](
-        probe,
-        target,
-        owner_ref,
-        kid,
-        probe._sid,
-        _pack_record,
-        probe._buf,
-        probe._lock.acquire,
-        probe._lock.release,
-        _monotonic_ns,
-        probe._local,
-    )
-
-
-class Probe:
+class Probe(Transport):
     """One run of one process, as seen by the daemon. Create with `connect()`."""
 
     def __init__(self, socket_path=None, run_label=None, gc=True):
         self.socket_path = socket_path or os.environ.get(SOCKET_ENV) or DEFAULT_SOCKET
         self.run_label = run_label or ""
         self._want_gc = bool(gc)
-        self._lock = threading.Lock()
-        self._buf = bytearray(wire.DATAGRAM_MAX)
-        # One memoryview per possible datagram length, made once, so that a
-        # send never creates a (GC-tracked) memoryview.
-        whole = memoryview(self._buf)
-        self._views = tuple(whole[: _HDR + n * _RS] for n in range(wire.MAX_RECORDS + 1))
-        self._gc_buf = bytearray(GC_RING_SLOTS * _RS)
+        self._init_buffers()
         self._ids = {}  # name (or enum) -> string id; kinds and stages
         self._names = []  # string id - 1 -> encoded name
         self._attached = []  # (owner, name, had_own, previous) for detach
         self._closed = False
         self.errors = 0  # exceptions swallowed on the hot path
         self._reset_run_state()
-        self._sock = None
-        self._fd = -1
-        self._write = None
-        self._next_connect_ns = 0
         self._local = threading.local()
         if self._want_gc:
             _gc.callbacks.append(self._on_gc)
         _live_probes.add(self)
         self._try_connect(_monotonic_ns())
         self._start_flusher()
-
-    def _reset_run_state(self):
-        self.run_token = int.from_bytes(os.urandom(8), "little") >> 1
-        self._pos = _HDR
-        self._seq = 0  # sequence number of the buffer's first record
-        self._last_send_ns = 0
-        self._strings_sent = 0  # names already sent on this connection
-        self.drops_full = 0  # records lost to a full socket or GC ring
-        self.drops_disconnected = 0  # records lost while no daemon was there
-        self.sent_records = 0
-        self._gc_w = 0
-        self._gc_r = 0
-        self._gc_lost = 0
-        self._gc_t0 = 0
 
     # ----- public API -------------------------------------------------------
     def begin(self):
@@ -290,7 +115,7 @@ class Probe:
             self._lock.acquire()
             try:
                 pos = self._pos
-                if pos >= _FULL_AT:
+                if pos >= FULL_AT:
                     self._send_full_locked(t1)
                     pos = self._pos
                 _pack_record(
@@ -302,7 +127,7 @@ class Probe:
             if st.depth == 0:
                 st.stage_id = 0
                 st.batch = 0
-                if t1 - self._last_send_ns >= FLUSH_INTERVAL_NS or self._pos >= _MOSTLY_FULL_AT:
+                if t1 - self._last_send_ns >= FLUSH_INTERVAL_NS or self._pos >= MOSTLY_FULL_AT:
                     self._flush(t1)
         except Exception:
             self.errors += 1
@@ -317,59 +142,50 @@ class Probe:
         `target` may be an instance (only that object's calls are timed) or a
         class (every instance's calls are timed: use this for per-call objects
         such as submission tickets; never wrap each instance, which is how
-        the seed's hook made one reference cycle per submission). `stage` and
-        `batch` optionally say where the step's stage and batch size come
-        from: `result.ATTR`, `argN.ATTR` (N-th argument after self),
-        `self.ATTR`, or `len(...)` of one of these, read with plain attribute
-        access (no allocation). Values found become the thread's current
-        stage and batch, carried by every span that ends on the thread until
-        the outermost span ends. Raises on a bad path or spec (set-up time).
+        the seed's hook made one reference cycle per submission). The
+        wrapper takes the method's own parameters (names, kinds, default
+        objects) and accepts, returns and raises exactly what the method
+        does; static and class methods, `functools.lru_cache` and
+        `partialmethod`, builtins and `async def` (the span covers the
+        awaited call) are supported. Generators, properties and descriptors
+        whose binding cannot be reproduced are refused with `AttachError`.
+        `stage` and `batch` optionally say where the step's stage and batch
+        size come from, as expressions of the language in `_expr.py`
+        (`result.phase`, `len(arg0.requests)`, ...), compiled now into
+        plain reads. Values found become the thread's current stage and
+        batch, carried by every span that ends on the thread until the
+        outermost span ends. Raises on a bad path or expression (set-up
+        time), never on the hot path.
         """
         owner = target
         parts = path.split(".")
         for part in parts[:-1]:
             owner = getattr(owner, part)
         name = parts[-1]
-        kid = self._intern(kind)
+        if isinstance(owner, type):
+            plan = _wrap.plan_class(owner, name)
+        else:
+            plan = _wrap.plan_instance(owner, name, path)
+        exprs = {"stage": stage, "batch": batch}
+        wrapper = _codegen.build(self, plan, self._intern(kind), exprs, _CONSTS)
+        wrapper.__stallscope_kind__ = kind
+        if plan.store == "static":
+            installed = staticmethod(wrapper)
+        elif plan.store == "classmethod":
+            installed = classmethod(wrapper)
+        else:
+            installed = wrapper
         owner_dict = getattr(owner, "__dict__", {})
         had_own = name in owner_dict
         previous = owner_dict.get(name) if had_own else None
-        if isinstance(owner, type):
-            func = owner_dict.get(name)
-            if func is None:
-                func = getattr(owner, name)
-            if isinstance(func, (staticmethod, classmethod)) or not callable(func):
-                raise TypeError(f"{owner.__name__}.{name} is not a plain method")
-            wrapper = _build_wrapper(
-                self, func, kid, stage, batch, "class", _plain_params(func), None
-            )
-        else:
-            current = getattr(owner, name)
-            if not callable(current):
-                raise TypeError(f"{path} is not callable")
-            func = getattr(current, "__func__", None)
-            owner_ref = None
-            if func is not None and getattr(current, "__self__", None) is owner:
-                # Holding the bound method would make owner -> wrapper ->
-                # method -> owner, a cycle: keep the function and a weak
-                # reference to the owner instead.
-                try:
-                    owner_ref = weakref.ref(owner)
-                except TypeError:
-                    owner_ref = None
-            if owner_ref is not None:
-                wrapper = _build_wrapper(
-                    self, func, kid, stage, batch, "weak", _plain_params(func), owner_ref
-                )
-            else:
-                wrapper = _build_wrapper(
-                    self, current, kid, stage, batch, "call", _plain_params(current), None
-                )
-        wrapper.__wrapped__ = func if isinstance(owner, type) else getattr(owner, name)
-        wrapper.__name__ = name
-        wrapper.__qualname__ = f"stallscope[{kind}].{name}"
-        setattr(owner, name, wrapper)
-        self._attached.append((owner, name, had_own, previous))
+        setattr(owner, name, installed)
+        # An instance is remembered weakly (for detach at close), so that
+        # attaching to one never keeps it alive.
+        try:
+            keep = owner if isinstance(owner, type) else weakref.ref(owner)
+        except TypeError:
+            keep = owner
+        self._attached.append((keep, name, had_own, previous))
         return wrapper
 
     def flush(self):
@@ -385,6 +201,10 @@ class Probe:
             return
         self._closed = True
         for owner, name, had_own, previous in reversed(self._attached):
+            if isinstance(owner, weakref.ref):
+                owner = owner()
+                if owner is None:
+                    continue
             try:
                 if had_own:
                     setattr(owner, name, previous)
@@ -439,85 +259,6 @@ class Probe:
             sid = self._stage_id(stage)
         return sid
 
-    def _flush(self, now):
-        self._lock.acquire()
-        try:
-            self._drain_gc_locked()
-            self._send_locked(now)
-        finally:
-            self._lock.release()
-
-    def _send_full_locked(self, now):
-        self._drain_gc_locked()
-        if self._pos >= _FULL_AT:
-            self._send_locked(now)
-
-    def _drain_gc_locked(self):
-        # Single producer (the GC callback, which CPython never re-enters)
-        # and a consumer holding the lock: the producer fills a slot, then
-        # advances _gc_w, so every slot below _gc_w is complete.
-        r = self._gc_r
-        w = self._gc_w
-        buf = self._buf
-        gcbuf = self._gc_buf
-        while r < w:
-            if self._pos >= _FULL_AT:
-                self._send_locked(_monotonic_ns())
-            off = (r % GC_RING_SLOTS) * _RS
-            pos = self._pos
-            buf[pos : pos + _RS] = gcbuf[off : off + _RS]
-            self._pos = pos + _RS
-            r += 1
-        self._gc_r = r
-        lost = self._gc_lost
-        if lost:
-            # Collections the ring could not hold: send what precedes them,
-            # then skip their sequence numbers so the daemon sees the gap.
-            self._gc_lost = 0
-            self._send_locked(_monotonic_ns())
-            self._seq += lost
-            self.drops_full += lost
-
-    def _send_locked(self, now):
-        n = (self._pos - _HDR) >> 5
-        if n == 0:
-            return
-        if self._sock is None or self._strings_sent < len(self._names):
-            if not self._ensure_connected(now):
-                if self._sock is None:
-                    self.drops_disconnected += n
-                else:
-                    self.drops_full += n
-                self._seq += n
-                self._pos = _HDR
-                self._last_send_ns = now
-                return
-        _pack_header(
-            self._buf,
-            0,
-            wire.MAGIC,
-            wire.VERSION,
-            wire.DGRAM_RECORDS,
-            n,
-            _RS,
-            self._seq,
-            now,
-            self.drops_full & _U32,
-            self.drops_disconnected & _U32,
-        )
-        try:
-            self._write(self._fd, self._views[n])
-            self.sent_records += n
-        except BlockingIOError:
-            self.drops_full += n
-        except OSError:
-            self.drops_disconnected += n
-            self._disconnect()
-            self._next_connect_ns = now + RECONNECT_INTERVAL_NS
-        self._seq += n
-        self._pos = _HDR
-        self._last_send_ns = now
-
     def _on_gc(self, phase, info):
         try:
             if phase == "start":
@@ -571,146 +312,6 @@ class Probe:
             pass
         return sid
 
-    def _header(self, kind, count, now):
-        hdr = bytearray(_HDR)
-        _pack_header(
-            hdr,
-            0,
-            wire.MAGIC,
-            wire.VERSION,
-            kind,
-            count,
-            _RS,
-            self._seq,
-            now,
-            self.drops_full & _U32,
-            self.drops_disconnected & _U32,
-        )
-        return hdr
-
-    def _ensure_connected(self, now):
-        """Connect if needed and send the names the daemon lacks. Called with
-        the lock held; at most one connection attempt per second."""
-        if self._sock is None:
-            if self._closed or now < self._next_connect_ns:
-                return False  # closed: a straggling wrapper call must not reconnect
-            self._next_connect_ns = now + RECONNECT_INTERVAL_NS
-            if not self._connect():
-                return False
-        return self._send_strings()
-
-    def _try_connect(self, now):
-        with self._lock:
-            self._next_connect_ns = now + RECONNECT_INTERVAL_NS
-            if self._connect():
-                self._send_strings()
-
-    def _connect(self):
-        sock = None
-        try:
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
-            sock.setblocking(False)
-            sock.connect(self.socket_path)
-            sock.send(self._hello(), socket.MSG_NOSIGNAL)
-        except OSError:
-            if sock is not None:
-                sock.close()
-            return False
-        self._sock = sock
-        self._fd = sock.fileno()
-        self._strings_sent = 0
-        # os.write takes no argument tuple (socket.send does); use it when
-        # SIGPIPE is ignored (CPython's default) so a dead peer is EPIPE, not
-        # a signal. Otherwise send with MSG_NOSIGNAL.
-        if signal.getsignal(signal.SIGPIPE) == signal.SIG_IGN:
-            self._write = os.write
-        else:
-
-            def _send(fd, data, _s=sock.send, _f=socket.MSG_NOSIGNAL):
-                return _s(data, _f)
-
-            self._write = _send
-        return True
-
-    def _send_strings(self):
-        while self._strings_sent < len(self._names):
-            chunk = self._names[self._strings_sent : self._strings_sent + wire.MAX_RECORDS]
-            out = self._header(wire.DGRAM_RECORDS, len(chunk), _monotonic_ns())
-            out.extend(bytes(len(chunk) * _RS))
-            for i, name in enumerate(chunk):
-                # String records carry no sequence number (only span and GC
-                # records do); the header's first_seq is the next record's.
-                wire.STRING_RECORD.pack_into(
-                    out, _HDR + i * _RS, wire.REC_STRING, 0, self._strings_sent + i + 1, 0, name
-                )
-            try:
-                self._sock.send(out, socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL)
-            except BlockingIOError:
-                return False  # socket full: try again at the next flush
-            except OSError:
-                self._disconnect()
-                return False
-            self._strings_sent += len(chunk)
-        return True
-
-    def _hello(self):
-        now_mono = _monotonic_ns()
-        info = {
-            "pid": os.getpid(),
-            "tid": _native_id(),
-            "run_token": self.run_token,
-            "label": self.run_label,
-            "argv": list(sys.argv),
-            "python": sys.version.split()[0],
-            "implementation": sys.implementation.name,
-            "free_threaded": _free_threaded(),
-            "gc_threshold": list(_gc.get_threshold()),
-            "gc_count": list(_gc.get_count()),
-            "freeze_count": _gc.get_freeze_count() if hasattr(_gc, "get_freeze_count") else None,
-            "gc_enabled": _gc.isenabled(),
-            "gc_callback": self._want_gc,
-            "realtime_ns": time.time_ns(),
-            "monotonic_ns": now_mono,
-            "client_version": 1,
-        }
-        data = json.dumps(info, separators=(",", ":")).encode()[: wire.HELLO_MAX]
-        return bytes(self._header(wire.DGRAM_HELLO, 0, now_mono)) + data
-
-    def _disconnect(self):
-        sock, self._sock = self._sock, None
-        self._write = None
-        self._fd = -1
-        if sock is not None:
-            try:
-                sock.close()
-            except OSError:
-                pass
-
-    # ----- background flush and fork ----------------------------------------
-    def _start_flusher(self):
-        t = threading.Thread(
-            target=_flusher_loop, args=(weakref.ref(self),), name="stallscope-flush", daemon=True
-        )
-        t.start()
-
-    def _after_fork_child(self):
-        # The child is its own run: new token, new connection, empty buffers.
-        # The lock was taken before the fork and is released, not replaced:
-        # wrappers hold its bound methods.
-        self._local = threading.local()
-        sock, self._sock = self._sock, None
-        self._write = None
-        if sock is not None:
-            try:
-                sock.close()  # the child's copy of the descriptor only
-            except OSError:
-                pass
-        self._reset_run_state()
-        self._next_connect_ns = 0
-        self._lock.release()
-        if not self._closed:
-            self._start_flusher()
-
 
 class _Span:
     __slots__ = ("probe", "kind", "stage", "batch", "t0")
@@ -735,60 +336,3 @@ class _Span:
         self.probe._local.st.depth -= 1
         self.probe.end(self.kind, self.t0, self.stage, self.batch)
         return False
-
-
-def _flusher_loop(ref):
-    # Sends what sits in the buffer when the engine goes idle (GC records in
-    # particular) and reconnects when no daemon was there. time.sleep
-    # allocates nothing; the lock is only tried, never waited for.
-    while True:
-        time.sleep(IDLE_FLUSH_S)
-        probe = ref()
-        if probe is None or probe._closed:
-            return
-        try:
-            now = _monotonic_ns()
-            pending = probe._pos > _HDR or probe._gc_w != probe._gc_r
-            stale = now - probe._last_send_ns >= FLUSH_INTERVAL_NS
-            if (pending and stale) or (probe._sock is None and now >= probe._next_connect_ns):
-                if probe._lock.acquire(blocking=False):
-                    try:
-                        probe._drain_gc_locked()
-                        if probe._pos > _HDR:
-                            probe._send_locked(now)
-                        elif probe._sock is None:
-                            probe._ensure_connected(now)
-                    finally:
-                        probe._lock.release()
-        except Exception:
-            probe.errors += 1
-        del probe
-
-
-def _before_fork():
-    for probe in list(_live_probes):
-        probe._lock.acquire()
-
-
-def _after_fork_parent():
-    for probe in list(_live_probes):
-        probe._lock.release()
-
-
-def _after_fork_child():
-    for probe in list(_live_probes):
-        probe._after_fork_child()
-
-
-def _close_all():
-    for probe in list(_live_probes):
-        try:
-            probe.close()
-        except Exception:
-            pass
-
-
-os.register_at_fork(
-    before=_before_fork, after_in_parent=_after_fork_parent, after_in_child=_after_fork_child
-)
-atexit.register(_close_all)

@@ -7,7 +7,7 @@ sampler's achieved rate (default rate, and flat out), and whether sampling
 changes a CUDA matmul loop's step time (torch.cuda only: a CPU stand-in would
 say nothing about driver-lock contention, so without torch.cuda that part is
 reported as not run). Writes JSON to --out (scripts/gpu_check.sh passes
-$OUT/gpu_check.json). `--fake` runs everything against tests/probes/fake_nvml
+$OUT/gpu_check.json). `--fake` runs everything against stallscope/probes/fake_nvml
 to check the script itself where there is no GPU. It must stay under three
 minutes and never change GPU settings (clocks, power limits, persistence).
 """
@@ -19,7 +19,10 @@ import platform
 import statistics
 import sys
 import time
+from itertools import pairwise
 from pathlib import Path
+
+from gpu_check_report import report  # scripts/ is this script's own folder
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -118,7 +121,7 @@ def buffer_shape(nv, h):
             )
         }
         stamps = sorted(int(s.timeStamp) for s in samples)
-        gaps = [b - a for a, b in zip(stamps, stamps[1:])]
+        gaps = [b - a for a, b in pairwise(stamps)]
         out[label] = {
             "depth": len(stamps),
             "value_type": int(vtype),
@@ -179,10 +182,13 @@ class CountSink:
     def loss(self, probe, start_ns, end_ns, count, reason):
         self.losses.append((probe, start_ns, end_ns, count, reason))
 
+    def status(self, probe, backend, state, detail):
+        self.rows["probe_status"] = self.rows.get("probe_status", 0) + 1
+
 
 def calibration(gpu_nvml, ProbeSettings, seconds):
     sink = CountSink()
-    probe = gpu_nvml.NvmlGpuProbe(ProbeSettings(extra={"gpu_sync_s": 1e9}))
+    probe = gpu_nvml.NvmlGpuProbe(ProbeSettings(gpu_sync_s=1e9))
     probe.open(sink)
     t_end = time.monotonic() + seconds
     k = 0
@@ -198,13 +204,13 @@ def calibration(gpu_nvml, ProbeSettings, seconds):
     buf = [
         v
         for b in sink.batches
-        for v, s in zip(b["sm_clock_mhz"], b["source"])
+        for v, s in zip(b["sm_clock_mhz"], b["source"], strict=True)
         if s == "buffer" and v is not None
     ]
     pol = [
         v
         for b in sink.batches
-        for v, s in zip(b["sm_clock_mhz"], b["source"])
+        for v, s in zip(b["sm_clock_mhz"], b["source"], strict=True)
         if s == "poll" and v is not None
     ]
     status = probe.status()
@@ -221,7 +227,7 @@ def calibration(gpu_nvml, ProbeSettings, seconds):
 
 def poll_rates(gpu_nvml, ProbeSettings, flat_s, default_s):
     sink = CountSink()
-    probe = gpu_nvml.NvmlGpuProbe(ProbeSettings(extra={"gpu_buffers": False}))
+    probe = gpu_nvml.NvmlGpuProbe(ProbeSettings(gpu_buffers=False))
     probe.open(sink)
     lat = []
     t_end = time.monotonic() + flat_s
@@ -283,8 +289,7 @@ def run_sampler(hz, fake):
     """--sampler mode: run the probe until stdin closes, then print its counters."""
     gpu_nvml, ProbeSettings, _ = import_stallscope()
     if fake:
-        sys.path.insert(0, str(ROOT / "tests" / "probes"))
-        import fake_nvml
+        from stallscope.probes import fake_nvml
 
         fake_nvml.install(fake_nvml.FakeNvml(gpus=1))
     probe = gpu_nvml.NvmlGpuProbe(ProbeSettings(gpu_poll_hz=hz))
@@ -377,7 +382,7 @@ def matmul_effect(gpu_nvml, block_s, blocks, fake=False):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--fake", action="store_true", help="use tests/probes/fake_nvml (no GPU)")
+    ap.add_argument("--fake", action="store_true", help="use stallscope.probes.fake_nvml (no GPU)")
     ap.add_argument("--out", default=None, help="write JSON figures here")
     ap.add_argument("--quick", action="store_true", help="shorter phases (script checks)")
     ap.add_argument("--sampler", type=float, default=None, help=argparse.SUPPRESS)
@@ -386,8 +391,7 @@ def main(argv=None):
         return run_sampler(args.sampler, args.fake)
     gpu_nvml, ProbeSettings, _ = import_stallscope()
     if args.fake:
-        sys.path.insert(0, str(ROOT / "tests" / "probes"))
-        import fake_nvml
+        from stallscope.probes import fake_nvml
 
         fake_nvml.install(fake_nvml.FakeNvml(gpus=1))
     q = 0.2 if args.quick else 1.0
@@ -395,7 +399,9 @@ def main(argv=None):
     if reason:
         print(f"gpu_check: GPU probe unavailable: {reason}")
         return 2
-    nv, _ = gpu_nvml._load_bindings()  # the probe module is the one that imports pynvml
+    from stallscope.probes.nvml_bindings import load_bindings
+
+    nv, _ = load_bindings()  # the one module that imports pynvml
     nv.nvmlInit()
     h = nv.nvmlDeviceGetHandleByIndex(0)
     from importlib import metadata
@@ -429,49 +435,6 @@ def main(argv=None):
             json.dump(res, f, indent=2, default=str)
         print(f"gpu_check: figures written to {out}")
     return 0
-
-
-def report(res):
-    print("\nNVML call latency (GPU 0), microseconds:")
-    for name, r in res["call_latency"].items():
-        if r["median_us"] is None:
-            print(f"  {name:46s} failed: {r['error']}")
-        else:
-            print(
-                f"  {name:46s} median {r['median_us']:8.1f}  p99 {r['p99_us']:8.1f}  "
-                f"max {r['max_us']:8.1f}  errors {r['errors']}  not_found {r['not_found']}"
-            )
-    print("\ndriver sample buffers (GPU 0):")
-    for label, b in res["buffers"].items():
-        print(f"  {label:16s} {b}")
-    print(f"\nfield-value timestamps: {res['field_timestamp_clock']}")
-    c = res["calibration"]
-    print(f"\nbuffer clock calibration: {c['sync']}")
-    print(
-        f"  buffer SM clock median {c['buffer_sm_clock_median_mhz']} MHz vs polled "
-        f"{c['poll_sm_clock_mhz']} MHz; buffer read every {c['buffer_poll_s_chosen']:.3f} s"
-    )
-    p = res["poll_rate"]
-    print(
-        f"\nsampler: flat out {p['flat_out']['polls_per_s']:.0f} polls/s of {p['flat_out']['gpus']} "
-        f"GPU(s) (median {p['flat_out']['poll_all_gpus_median_us']:.0f} us/poll); default "
-        f"{p['default']['target_hz']:g} Hz achieved {p['default']['achieved_hz']:.2f} Hz, "
-        f"late ticks {p['default']['late_ticks']}"
-    )
-    m = res["matmul"]
-    if not m["run"]:
-        print(f"\nmatmul: {m['why']}")
-        return
-    print(f"\nmatmul on {m['device']}, sampler in {m['sampler']}, {m['block_s']:g} s blocks:")
-    for loop in ("big", "small"):
-        print(f"  {m[loop]['step']}:")
-        for cond, r in m[loop].items():
-            if isinstance(r, dict):
-                print(
-                    f"    {cond:10s} steps {r['steps']:6d}  median {r['median_ms']:8.3f} ms  "
-                    f"p99 {r['p99_ms']:8.3f} ms  max {r['max_ms']:8.3f}  "
-                    f"median x{r['median_vs_off']:.4f}  p99 x{r['p99_vs_off']:.4f} of off"
-                )
 
 
 if __name__ == "__main__":

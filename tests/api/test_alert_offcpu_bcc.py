@@ -4,23 +4,13 @@ import os
 import threading
 import time
 
-import pytest
-
 import probe_client
-from apihelpers import start_api_daemon, stop, wait_for
+from helpers.api import start_api_daemon, stop
+from helpers.privileged import require_privileged
+from helpers.waiting import wait_for
 from stallscope.api.client import Client
 from stallscope.api.v1 import stallscope_pb2 as pb
 from stallscope.probes.sched_bcc import BccSchedProbe
-
-
-def _require_bcc():
-    # Same rule as tests/conftest.py's require_privileged: skip here, fail in CI.
-    reason = BccSchedProbe.unavailable()
-    if reason is None:
-        return
-    if os.environ.get("STALLSCOPE_REQUIRE_PRIVILEGED") == "1":
-        pytest.fail(f"required in CI but unavailable: {reason}", pytrace=False)
-    pytest.skip(f"requires root and bcc: {reason}")
 
 
 def _busy(seconds):
@@ -29,9 +19,9 @@ def _busy(seconds):
         pass
 
 
-@pytest.mark.root
 def test_blocked_step_alert_carries_offcpu(tmp_path):
-    _require_bcc()
+    reason = BccSchedProbe.unavailable()
+    require_privileged(reason is None, f"requires root and bcc: {reason}")
     d = start_api_daemon(tmp_path, ["--sched-backend", "bcc"])
     try:
         assert "sched probe: using bcc" in d.read_log()

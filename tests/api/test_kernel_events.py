@@ -12,7 +12,7 @@ import types
 import numpy as np
 import pytest
 
-from apihelpers import wait_for
+from helpers.waiting import wait_for
 from stallscope.api.client import Client
 from stallscope.api.server import start_api_server
 from stallscope.api.v1 import stallscope_pb2 as pb

@@ -8,7 +8,8 @@ import grpc
 import pytest
 
 import probe_client
-from apihelpers import start_api_daemon, stop, wait_for
+from helpers.api import start_api_daemon, stop
+from helpers.waiting import wait_for
 from stallscope.analysis import access
 from stallscope.api.client import ApiError, ApiSource, Client
 from stallscope.api.v1 import stallscope_pb2 as pb
@@ -116,12 +117,19 @@ ESCAPES = {
     "export": "EXPORT DATABASE '{out}/dump'",
     "checkpoint": "CHECKPOINT",
     "detach": "DETACH DATABASE test",
+    # The database's own files stay readable to DuckDB without external
+    # access: the plan check must refuse them, in any position.
+    "read_blob_own_db": "SELECT * FROM read_blob('{db}')",
+    "read_blob_own_wal": "SELECT size FROM read_blob('{db}.wal')",
+    "read_text_own_db_subquery": "SELECT 1 WHERE 0 < (SELECT count(*) FROM read_text('{db}'))",
+    "read_blob_in_cte": "WITH x AS (SELECT * FROM read_blob('{db}')) SELECT count(*) FROM x",
+    "explain_analyze": "EXPLAIN ANALYZE SELECT * FROM read_blob('{db}')",
 }
 
 
 @pytest.mark.parametrize("name", sorted(ESCAPES))
 def test_escape_refused(qd, name):
-    sql = ESCAPES[name].format(out=qd.outside)
+    sql = ESCAPES[name].format(out=qd.outside, db=qd.db)
     message = _refused(qd.client, sql)
     assert message  # the database's (or the API's) reason, for the user
     assert os.listdir(qd.outside) == []
@@ -131,6 +139,17 @@ def test_escape_refused(qd, name):
         "SELECT table_name FROM information_schema.tables WHERE table_name = 'evil'"
     )[1]
     assert tables == []
+
+
+def test_plain_reads_and_explain_still_work(qd):
+    """The file check refuses readers, not ordinary queries over tables and views."""
+    assert qd.client.query("SELECT count(*) FROM range(5)")[1] == [(5,)]
+    _, rows = qd.client.query("EXPLAIN SELECT count(*) FROM spans")
+    assert rows
+    _, rows = qd.client.query(
+        "SELECT count(*) FROM spans s JOIN runs r USING (run_id) WHERE s.batch >= ?", [0]
+    )
+    assert rows == [(N_STEPS,)]
 
 
 def test_syntax_error_is_invalid_argument_with_database_message(qd):
@@ -225,10 +244,22 @@ def test_status_and_runs(qd):
     assert st.db_path == qd.db and st.db_bytes > 0
     assert st.daemon_pid == qd.proc.pid
     assert st.records_received >= N_STEPS and st.rows_written >= N_STEPS
-    assert {p.probe: p.state for p in st.probes} == {"sched": "unavailable", "gpu": "unavailable"}
+    off = ("sched", "gpu", "page_faults", "irq", "steal", "syscalls")  # all off by flags
+    assert {p.probe: p.state for p in st.probes} == dict.fromkeys(off, "unavailable")
     assert all(p.detail for p in st.probes)
     runs = qd.client.runs()
     assert [(r.label, r.pid, r.records, r.live) for r in runs] == [
         ("q", os.getpid(), N_STEPS, False)
     ]
     assert qd.client.runs(live_only=True) == []
+
+
+@pytest.mark.parametrize("big", [2**64 + 1, -(2**63) - 1])
+def test_integers_beyond_64_bits_cross_the_api_both_ways(qd, big):
+    # A parameter beyond 64 bits goes as decimal text (it used to make the
+    # client raise), a HUGEINT result comes back whole in either format.
+    cols, rows = qd.client.query("SELECT ?::HUGEINT AS h", params=[big])
+    assert rows == [(big,)]
+    msgs = list(qd.client.stub.Query(pb.QueryRequest(sql=f"SELECT {big}::HUGEINT AS h")))
+    (value,) = [v for m in msgs for r in m.rows for v in r.values]
+    assert value.WhichOneof("kind") == "string_value" and int(value.string_value) == big

@@ -11,8 +11,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from apihelpers import api_daemon, client, start_api_daemon, stop  # noqa: F401 (fixtures)
-from daemonproc import DaemonProcess
+from helpers.api import start_api_daemon, stop
+from helpers.daemonproc import DaemonProcess
 from stallscope.api.client import ApiError, Client
 
 

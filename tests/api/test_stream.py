@@ -11,7 +11,8 @@ import time
 import grpc
 
 import probe_client
-from apihelpers import api_daemon, client, stop, wait_for  # noqa: F401 (fixtures)
+from helpers.api import stop
+from helpers.waiting import wait_for
 from stallscope.api.client import Client
 from stallscope.api.v1 import stallscope_pb2 as pb
 

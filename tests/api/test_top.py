@@ -6,7 +6,6 @@ import threading
 import time
 
 import probe_client
-from apihelpers import api_daemon  # noqa: F401 (fixtures)
 from stallscope.api import top
 from stallscope.api.v1 import stallscope_pb2 as pb
 

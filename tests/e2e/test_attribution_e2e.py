@@ -18,9 +18,10 @@ from collections import Counter
 
 import pytest
 
-from conftest import is_root, require_privileged
-from daemonproc import DaemonProcess
+from helpers.daemonproc import DaemonProcess
+from helpers.privileged import is_root, require_privileged
 
+INJECT_MS = 25
 CAUSES = {"block": "blocked", "submit": "submit", "gc": "gc", "preempt": "preemption"}
 
 
@@ -64,7 +65,7 @@ def traced_run(tmp_path_factory):
                 "--inject-every",
                 "20",
                 "--inject-ms",
-                "25",
+                str(INJECT_MS),
                 "--inject-log",
                 str(log),
             ],
@@ -102,8 +103,22 @@ def test_injected_causes_are_recovered(traced_run):
         truth[step[0]] = CAUSES[inj["cause"]]
 
     predicted = {s[0]: s[3] for s in steps}
+    preempted = {s[0]: s[5] for s in steps}
+    # On a loaded machine the engine is also preempted by processes the test
+    # did not start. When that unplanned preemption inside an injected step is
+    # at least half the injected time, preemption is a real competing cause
+    # and the injection is no longer ground truth: such steps are left out of
+    # the score (and counted), never relabelled.
+    inject_ns = INJECT_MS * 1_000_000
+    contaminated = {
+        k for k, label in truth.items() if label != "preemption" and preempted[k] >= inject_ns // 2
+    }
+    truth = {k: v for k, v in truth.items() if k not in contaminated}
     confusion = Counter((truth[k], predicted[k]) for k in truth)
-    report = f"(expected, got) counts: {dict(confusion)}"
+    report = (
+        f"(expected, got) counts: {dict(confusion)}; "
+        f"{len(contaminated)} injected steps left out for unplanned preemption"
+    )
     print(report)
     for label in CAUSES.values():
         injected_n = sum(1 for v in truth.values() if v == label)

@@ -8,24 +8,11 @@ STALLSCOPE_FAULTS_FIGURES=path, appended to that file as JSON lines (the
 source of RELIABILITY.md's tables).
 """
 
-import importlib.util
 import json
 import os
 import time
 
 import pytest
-
-# Test modules elsewhere do `from conftest import require_privileged`, and
-# this file is also imported under the name `conftest`: offer the same names
-# (from tests/conftest.py) so that collection order does not matter.
-_spec = importlib.util.spec_from_file_location(
-    "_stallscope_tests_conftest", os.path.join(os.path.dirname(__file__), "..", "conftest.py")
-)
-_shared = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_shared)
-REQUIRE_PRIVILEGED = _shared.REQUIRE_PRIVILEGED
-require_privileged = _shared.require_privileged
-is_root = _shared.is_root
 
 _FIGURES = []
 

@@ -13,15 +13,10 @@ import time
 
 import duckdb
 import pytest
-from helpers import (
-    Daemon,
-    finish_client,
-    reconcile,
-    require_root,
-    start_client,
-    vm_hwm_kb,
-    wait_for,
-)
+
+from helpers.faults import Daemon, finish_client, reconcile, start_client, vm_hwm_kb
+from helpers.privileged import is_root, require_privileged
+from helpers.waiting import wait_for
 
 pytestmark = pytest.mark.faults
 
@@ -127,7 +122,7 @@ def test_sigstop_does_not_block_the_client(tmp_path, full, figures):
 @pytest.fixture
 def small_fs(tmp_path):
     """A 24 MiB tmpfs for the database, with a filler file to take space away."""
-    require_root()
+    require_privileged(is_root(), "needs root (mount, setuid)")
     mnt = tmp_path / "smallfs"
     mnt.mkdir()
     r = subprocess.run(
@@ -161,7 +156,9 @@ def test_disk_full_daemon_says_so_keeps_clients_and_resumes(
     reports what it could not keep (bound "small": 10,000 rows kept)."""
     full_s = 10.0 if full else 3.0
     patch = (
-        {("stallscope.service.store", "MAX_RETAINED_ROWS"): 10_000} if bound == "small" else None
+        {("stallscope.service.store_recovery", "MAX_RETAINED_ROWS"): 10_000}
+        if bound == "small"
+        else None
     )
     d = Daemon(tmp_path, db=str(small_fs / "db" / "test.duckdb"), patch=patch).start()
     filler = str(small_fs / "filler")
@@ -171,7 +168,6 @@ def test_disk_full_daemon_says_so_keeps_clients_and_resumes(
         assert wait_for(lambda: os.path.exists(ready), 20)
         time.sleep(1.0)
         _fill(filler)
-        t_full = time.monotonic()
         assert wait_for(lambda: "cannot write the database" in d.new_log(), 10)
         time.sleep(full_s)
         assert d.proc.poll() is None
@@ -215,7 +211,9 @@ def test_disk_full_daemon_says_so_keeps_clients_and_resumes(
         client_drops_full=stats["drops_full"],
         resume_after_space_s=round(recover_s, 2),
         daemon_vm_hwm_mb=round(hwm_kb / 1024, 1),
-        logged=[l.split(" ", 4)[-1][:160] for l in log.splitlines() if "stallscope.store" in l][:3],
+        logged=[
+            line.split(" ", 4)[-1][:160] for line in log.splitlines() if "stallscope.store" in line
+        ][:3],
     )
 
 

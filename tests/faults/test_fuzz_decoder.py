@@ -17,10 +17,10 @@ from collections import Counter
 
 import duckdb
 import pytest
-from fuzzwire import Fuzzer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from helpers.fuzzwire import Fuzzer
 from probe_client import wire
 from stallscope.service.ingest import Connection, Ingest
 from stallscope.service.store import Store

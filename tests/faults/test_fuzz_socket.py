@@ -13,8 +13,9 @@ import socket
 import time
 
 import pytest
-from fuzzwire import Fuzzer
-from helpers import Daemon, finish_client, reconcile, start_client, vm_hwm_kb
+
+from helpers.faults import Daemon, finish_client, reconcile, start_client, vm_hwm_kb
+from helpers.fuzzwire import Fuzzer
 
 pytestmark = pytest.mark.faults
 

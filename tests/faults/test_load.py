@@ -11,7 +11,8 @@ daemon's to report; the test asserts the accounting, not a drop rate.
 import time
 
 import pytest
-from helpers import Daemon, finish_client, reconcile, start_client, vm_hwm_kb
+
+from helpers.faults import Daemon, finish_client, reconcile, start_client, vm_hwm_kb
 
 pytestmark = pytest.mark.faults
 

@@ -1,6 +1,6 @@
 """The GPU probe against a fake libnvidia-ml (H200 answers), through the real bindings.
 
-`pynvml.nvmlLib` is replaced with tests/probes/fake_nvml.FakeNvml, so the
+`pynvml.nvmlLib` is replaced with stallscope.probes.fake_nvml.FakeNvml, so the
 bindings' own marshalling and error mapping run (nvidia-ml-py 13.615.71 at
 the time of writing; the project requires >= 12.535). Rows go through the
 real Store into DuckDB and are asserted there. No timing assertions.
@@ -14,40 +14,11 @@ from pathlib import Path
 import pynvml
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-import fake_nvml
-
-from stallscope.probes import gpu_nvml
+from helpers.gpu import make_probe, rows
+from stallscope.probes import gpu_nvml, nvml_bindings
 from stallscope.probes.base import ProbeSettings
 from stallscope.probes.gpu_reasons import decode_clock_event_reasons, is_slowdown
 from stallscope.service.server import StoreSink
-from stallscope.service.store import Store
-
-
-@pytest.fixture
-def fake():
-    f = fake_nvml.FakeNvml(gpus=2, depth=101)  # 100 gaps: an even count
-    undo = fake_nvml.install(f)
-    yield f
-    undo()
-
-
-@pytest.fixture
-def store(tmp_path):
-    s = Store(tmp_path / "t.duckdb")
-    yield s
-    s.close()
-
-
-def make_probe(store, **extra):
-    probe = gpu_nvml.NvmlGpuProbe(ProbeSettings(extra=extra))
-    probe.open(StoreSink(store))
-    return probe
-
-
-def rows(store, sql, params=None):
-    store.flush()
-    return store.cursor().execute(sql, params or []).fetchall()
 
 
 def test_normal_readings_of_every_gpu(fake, store):
@@ -118,19 +89,6 @@ def test_old_driver_without_event_reasons_uses_throttle_reasons(fake, store):
     assert fake.calls["nvmlDeviceGetCurrentClocksThrottleReasons"] == 2
 
 
-def test_empty_sample_buffer_is_normal(fake, store):
-    for g in fake.gpus:
-        g.empty_buffers = True
-    probe = make_probe(store)
-    probe.poll()
-    probe.read_buffers()
-    probe.flush()
-    assert fake.calls["nvmlDeviceGetSamples"] >= 4  # asked, answered NotFound
-    assert rows(store, "SELECT source, count(*) FROM nvml_samples GROUP BY source") == [("poll", 2)]
-    assert probe.sync is None and probe.counters["field_errors"] == 0
-    assert rows(store, "SELECT count(*) FROM losses") == [(0,)]
-
-
 def test_lost_gpu_is_recorded_and_retried(fake, store):
     probe = make_probe(store, gpu_retry_s=0.0)
     probe.poll()
@@ -179,117 +137,6 @@ def test_throttle_episode_is_decoded(fake, store):
     ]
 
 
-def test_buffer_samples_carry_a_clock_dip_at_its_time(fake, store):
-    probe = make_probe(store)
-    now_us = fake.driver_clock_us()
-    now_us -= now_us % fake.period_us  # on the buffer's sample grid
-    fake.clock_episodes = [(now_us - 500_000, now_us - 300_000, 1095)]
-    probe.gpus[0].last_seen_us.clear()  # re-read the whole buffer
-    probe.read_buffers()
-    probe.calibrate()
-    probe.flush()
-    dip = rows(
-        store,
-        "SELECT min(ts_ns), max(ts_ns), count(*) FROM nvml_samples "
-        "WHERE source='buffer' AND gpu=0 AND sm_clock_mhz = 1095",
-    )
-    lo, hi, n = dip[0]
-    assert n == 10  # 200 ms of 20 ms samples
-    off = probe.sync["offset_ns"]
-    assert lo == (now_us - 500_000) * 1000 - off
-    assert hi == (now_us - 320_000) * 1000 - off
-
-
-def test_calibration_of_an_unknown_driver_clock(store):
-    # the driver clock is CLOCK_MONOTONIC + 123456.789 s: no known clock
-    # matches, so the envelope of the reads must locate it, within its bound
-    offset_ns = 123_456_789_000_000
-    f = fake_nvml.FakeNvml(
-        gpus=1,
-        period_us=5_000,
-        depth=50,
-        driver_clock_us=lambda: (time.monotonic_ns() + offset_ns) // 1000,
-    )
-    undo = fake_nvml.install(f)
-    try:
-        probe = make_probe(store)
-        for k in range(12):
-            time.sleep(0.0017 * (k % 5 + 1))
-            probe.read_buffers()
-        sync = probe.calibrate()
-        probe.flush()
-    finally:
-        undo()
-    assert sync["clock"] == "envelope"
-    assert sync["lower_ns"] <= offset_ns <= sync["upper_ns"]
-    assert abs(sync["offset_ns"] - offset_ns) <= sync["err_ns"]
-    assert sync["err_ns"] <= 5_000_000  # never worse than one sample period
-    # a stored sample lands on CLOCK_MONOTONIC within the stated error
-    for raw_us, ts_ns, err in rows(
-        store,
-        "SELECT raw_ts_us, ts_ns, sync_err_ns FROM nvml_samples "
-        "WHERE source='buffer' ORDER BY ts_ns DESC LIMIT 5",
-    ):
-        assert abs(ts_ns - (raw_us * 1000 - offset_ns)) <= err
-    assert rows(
-        store, "SELECT clock, offset_ns FROM nvml_clock_sync ORDER BY ts_ns DESC LIMIT 1"
-    ) == [("envelope", sync["offset_ns"])]
-
-
-def test_calibration_identifies_a_realtime_driver_clock(fake, store):
-    probe = make_probe(store)
-    for _ in range(3):
-        time.sleep(0.021)
-        probe.read_buffers()
-    sync = probe.calibrate()
-    real = time.clock_gettime_ns(time.CLOCK_REALTIME) - time.monotonic_ns()
-    assert sync["clock"] == "realtime"
-    assert abs(sync["offset_ns"] - real) < 5_000_000  # both measured on this host
-    assert sync["lower_ns"] - 50_000_000 <= sync["offset_ns"] <= sync["upper_ns"] + 50_000_000
-    # integers only: a float here once made the store's batches disagree on a column type
-    assert all(type(sync[k]) is int for k in ("offset_ns", "err_ns", "lower_ns", "upper_ns"))
-    assert all(type(p) is int for g in probe.gpus for p in g.period_us.values())
-
-
-def test_buffer_overrun_is_a_loss(store):
-    f = fake_nvml.FakeNvml(gpus=1, period_us=1_000, depth=5)
-    undo = fake_nvml.install(f)
-    try:
-        probe = make_probe(store, gpu_buffer_poll_s=5.0)
-        # the probe shortened its buffer interval to half the buffer's span
-        assert probe.buffer_poll_s == pytest.approx(0.1)  # clamped at one poll period
-        time.sleep(0.05)  # 50 samples pass, the buffer holds 5
-        probe.read_buffers()
-        probe.flush()
-    finally:
-        undo()
-    reasons = [r for (r,) in rows(store, "SELECT reason FROM losses")]
-    assert "gpu0_sm_clock_mhz_buffer_overrun" in reasons
-    assert probe.counters["buffer_overruns"] >= 1
-
-
-def test_a_gap_in_a_partly_filled_buffer_is_not_a_loss(fake, store):
-    probe = make_probe(store)
-    now_us = fake.driver_clock_us()
-    now_us -= now_us % fake.period_us
-    # the driver took no sample for 300 ms (idle) right after our last read
-    fake.sample_gaps = [(now_us - 600_000, now_us - 300_000)]
-    for g in probe.gpus:
-        for stype in g.last_seen_us:
-            g.last_seen_us[stype] = now_us - 620_000
-    probe.read_buffers()
-    probe.flush()
-    assert probe.counters["buffer_overruns"] == 0
-    assert rows(store, "SELECT count(*) FROM losses") == [(0,)]
-    n = rows(
-        store,
-        "SELECT count(*) FROM nvml_samples WHERE source='buffer' AND gpu=0 "
-        "AND sm_clock_mhz IS NOT NULL AND raw_ts_us > ?",
-        [now_us - 620_000],
-    )
-    assert n[0][0] >= 16  # now-300 ms .. now, none from the gap
-
-
 def test_poller_thread_runs_and_stops(fake, store):
     probe = gpu_nvml.NvmlGpuProbe(ProbeSettings(gpu_poll_hz=40, gpus=(1,)))
     probe.start(StoreSink(store))
@@ -332,16 +179,16 @@ def test_unavailable_names_missing_gpus(fake):
 
 def test_binding_checks():
     here = pynvml.__file__
-    assert gpu_nvml.binding_problem(pynvml, "13.615.71", here) is None
+    assert nvml_bindings.binding_problem(pynvml, "13.615.71", here) is None
     legacy = types.SimpleNamespace(__file__="/usr/lib/python3/site-packages/pynvml/__init__.py")
-    msg = gpu_nvml.binding_problem(legacy, "13.615.71", here)
+    msg = nvml_bindings.binding_problem(legacy, "13.615.71", here)
     assert "legacy 'pynvml'" in msg and "pip uninstall -y pynvml" in msg
-    assert "too old" in gpu_nvml.binding_problem(pynvml, "12.520.1", here)
-    assert "does not come from nvidia-ml-py" in gpu_nvml.binding_problem(pynvml, None, None)
+    assert "too old" in nvml_bindings.binding_problem(pynvml, "12.520.1", here)
+    assert "does not come from nvidia-ml-py" in nvml_bindings.binding_problem(pynvml, None, None)
     no_events = types.SimpleNamespace(__file__=here)
-    assert "lacks" in gpu_nvml.binding_problem(no_events, "12.535.0", here)
+    assert "lacks" in nvml_bindings.binding_problem(no_events, "12.535.0", here)
     # and the installed bindings pass the whole check
-    mod, problem = gpu_nvml._load_bindings()
+    mod, problem = nvml_bindings.load_bindings()
     assert problem is None and mod is pynvml
 
 
@@ -401,7 +248,7 @@ def test_daemon_selects_and_runs_the_probe(fake, tmp_path):
         str(tmp_path / "probe.sock"),
         str(tmp_path / "d.duckdb"),
         sched_backend="none",
-        settings=ProbeSettings(gpu_poll_hz=40),
+        settings=ProbeSettings(gpu_poll_hz=40, kernel_causes=False),
     )
     try:
         assert d.active_probes() == ["gpu=nvml"]

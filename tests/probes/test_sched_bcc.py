@@ -1,7 +1,9 @@
 """The bcc sched probe against the kernel's own per-thread counters, on real scheduling."""
 
 import pytest
-from sched_harness import (
+
+from helpers.privileged import require_privileged
+from helpers.sched import (
     CollectSink,
     Workload,
     check_contended,
@@ -9,8 +11,6 @@ from sched_harness import (
     check_markers,
     check_untrack,
 )
-
-from conftest import require_privileged
 from stallscope.probes.base import ProbeSettings
 from stallscope.probes.sched_bcc import BccSchedProbe
 
@@ -90,7 +90,7 @@ def test_ring_overflow_is_counted_as_loss():
     reason = BccSchedProbe.unavailable()
     require_privileged(reason is None, f"requires root and bcc: {reason}")
     sink = CollectSink()
-    p = BccSchedProbe(ProbeSettings(extra={"sched_ring_pages": 1, "sched_poll_ms": 60000}))
+    p = BccSchedProbe(ProbeSettings(sched_ring_pages=1, sched_poll_ms=60000))
     p.start(sink)
     w = Workload()
     try:

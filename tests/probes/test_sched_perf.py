@@ -3,7 +3,9 @@
 import time
 
 import pytest
-from sched_harness import (
+
+from helpers.privileged import require_privileged
+from helpers.sched import (
     CollectSink,
     Workload,
     check_contended,
@@ -11,8 +13,6 @@ from sched_harness import (
     check_markers,
     check_untrack,
 )
-
-from conftest import require_privileged
 from stallscope.probes.sched_perf import PerfSchedProbe
 
 

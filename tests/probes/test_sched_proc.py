@@ -1,10 +1,9 @@
 """The /proc sched probe: real scheduling (totals exact per window) and a fixture procfs."""
 
-
 import numpy as np
 import pytest
-from sched_harness import CollectSink, Workload, spawn_hog, window
 
+from helpers.sched import CollectSink, Workload, spawn_hog, window
 from stallscope.probes.base import ProbeSettings
 from stallscope.probes.sched_proc import ProcSchedProbe
 

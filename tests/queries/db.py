@@ -61,7 +61,7 @@ def attribution(con, where="TRUE"):
         f"SELECT * FROM step_attribution WHERE {where} ORDER BY run_id, tid, step_idx"
     )
     cols = [d[0] for d in cur.description]
-    return [dict(zip(cols, r)) for r in cur.fetchall()]
+    return [dict(zip(cols, r, strict=True)) for r in cur.fetchall()]
 
 
 def normal_steps(start_ms, n, dur_ms=10, gap_ms=2):

@@ -1,6 +1,6 @@
 import pytest
 
-from daemonproc import DaemonProcess
+from helpers.daemonproc import DaemonProcess
 
 
 @pytest.fixture

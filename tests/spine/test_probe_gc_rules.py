@@ -1,8 +1,8 @@
 """Rule 1: the probe must not cause what it measures.
 
 The seed's hook made one reference cycle per submission (a closure on each
-ticket that referenced the ticket). These tests instrument an engine shaped
-like the seed's with `attach()` and prove, with automatic GC disabled, that
+ticket that referenced the ticket). These tests instrument the toy engine
+(stallscope.demo.engine.ToyEngine, shaped like the seed's) with `attach()` and prove, with automatic GC disabled, that
 completed submissions die by reference counting, that nothing unreachable is
 left behind, and that the probe adds no GC-tracked objects per step. They run
 with no daemon listening (the hot path is the same: records are dropped after
@@ -10,50 +10,31 @@ being written) and with a live one.
 """
 
 import gc
+import inspect
 import weakref
 
 import pytest
 
 import probe_client
+from stallscope.demo import engine as engine_model
+from stallscope.demo.engine import Ticket
 
 
-class Ticket:
-    def __init__(self, value):
-        self.value = value
+class Executor(engine_model.Executor):
+    """The toy engine's executor, keeping a weak reference to every ticket."""
 
-    def collect(self):
-        return self.value
-
-
-class Executor:
     def __init__(self):
+        super().__init__(engine_model.NoWork())
         self.made = []
 
     def submit(self, batch):
-        ticket = Ticket(len(batch.requests))
+        ticket = super().submit(batch)
         self.made.append(weakref.ref(ticket))
         return ticket
 
 
-class Batch:
-    __slots__ = ("phase", "requests")
-
-    def __init__(self, phase, requests):
-        self.phase = phase
-        self.requests = requests
-
-
-class Engine:
-    def __init__(self):
-        self.executor = Executor()
-        self.requests = (1, 2, 3)
-
-    def _schedule(self):
-        return Batch("recurrent", self.requests)
-
-    def _step(self):
-        batch = self._schedule()
-        return self.executor.submit(batch).collect()
+def Engine():
+    return engine_model.ToyEngine(Executor())
 
 
 def instrument(probe, engine):
@@ -82,7 +63,7 @@ def probe(request, tmp_path):
         yield p
         p.close()
         return
-    from daemonproc import DaemonProcess
+    from helpers.daemonproc import DaemonProcess
 
     d = DaemonProcess(tmp_path).start()
     p = probe_client.connect(socket_path=d.socket, gc=False)
@@ -146,7 +127,7 @@ def test_gc_callback_retains_nothing(tmp_path, gc_off):
 
 
 def test_exceptions_from_the_wrapped_call_pass_through_and_are_timed(tmp_path):
-    from daemonproc import DaemonProcess
+    from helpers.daemonproc import DaemonProcess
 
     d = DaemonProcess(tmp_path).start()
     p = probe_client.connect(socket_path=d.socket, gc=False)
@@ -174,3 +155,88 @@ def test_attach_rejects_bad_specs_at_setup():
     with pytest.raises(AttributeError):
         p.attach(engine, "executor.nope", kind="x")
     p.close()
+
+
+def _drive(value):
+    """Run a coroutine that never suspends, without an event loop."""
+    if inspect.iscoroutine(value):
+        try:
+            value.send(None)
+        except StopIteration as stop:
+            return stop.value
+        raise AssertionError("suspended")
+    return value
+
+
+class _Shapes:
+    """One method of each shape, called every way that binds (no suspension
+    in the async one, so it is driven without an event loop)."""
+
+    def pos(self, bp, bootstrapping):
+        return bp
+
+    def defaults(self, a, b=[], c=None):  # noqa: B006 (the shape under test)
+        return b
+
+    def kwonly(self, a, *, k, j={}):  # noqa: B006
+        return j
+
+    def posonly(self, a, b=(), /, c=0):
+        return c
+
+    def varargs(self, a, *args, **kw):
+        return a
+
+    @staticmethod
+    def static(a, b=None):
+        return a
+
+    @classmethod
+    def klass(cls, a, *, k=1):
+        return k
+
+    async def coro(self, a, b=None, *, k=0):
+        return a
+
+
+_SHAPE_CALLS = [
+    ("pos", (1,), {"bootstrapping": True}),
+    ("pos", (), {"bp": 1, "bootstrapping": 2}),
+    ("defaults", (1,), {}),
+    ("defaults", (1,), {"c": 2}),
+    ("kwonly", (1,), {"k": 2}),
+    ("posonly", (1,), {"c": 2}),
+    ("varargs", (1, 2), {"x": 3}),
+    ("static", (1,), {"b": 2}),
+    ("klass", (1,), {"k": 2}),
+    ("coro", (1,), {"k": 2}),
+]
+
+
+@pytest.mark.parametrize("name, args, kwargs", _SHAPE_CALLS)
+def test_every_shape_adds_zero_net_tracked_objects(probe, gc_off, name, args, kwargs):
+    def count_delta(obj, n):
+        method = getattr(obj, name)
+        for _ in range(50):
+            _drive(method(*args, **kwargs))
+        before = gc.get_count()[0]
+        for _ in range(n):
+            _drive(method(*args, **kwargs))
+        return gc.get_count()[0] - before
+
+    plain_cls = type("Plain", (_Shapes,), {})
+    traced_cls = type("Traced", (_Shapes,), {})
+    plain = count_delta(plain_cls(), 3000)
+    probe.attach(traced_cls, name, kind="shape", batch="arg0")
+    traced = count_delta(traced_cls(), 3000)
+    assert traced == plain
+    gc.collect()
+    obj = traced_cls()
+    ref = weakref.ref(obj)
+    probe.attach(obj, name, kind="instance")
+    for _ in range(100):
+        _drive(getattr(obj, name)(*args, **kwargs))
+    del obj
+    assert ref() is None  # died by reference counting: no cycle through the wrapper
+    assert probe.errors == 0
+    assert probe.stats()["next_seq"] >= 3000 + 100

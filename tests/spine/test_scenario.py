@@ -4,27 +4,27 @@ import os
 import subprocess
 import sys
 
-from stallscope.demo import scenario
+from stallscope.demo import engine as eng
 
 
 def test_request_walks_the_recurrent_depth_stages():
-    r = scenario.Request(0, 0.0)
+    r = eng.Request(0, 0.0)
     seen = []
     while not r.done:
         seen.append(r.phase)
         r.advance()
     assert seen[0] == "prefill"
-    first = seen[1 : 1 + 1 + scenario.FIRST_TOKEN_LOOPS + 1]
-    assert first == ["prelude"] + ["recurrent"] * scenario.FIRST_TOKEN_LOOPS + ["coda"]
-    later = seen[len(first) + 1 : len(first) + 1 + scenario.LATER_TOKEN_LOOPS + 2]
-    assert later == ["prelude"] + ["recurrent"] * scenario.LATER_TOKEN_LOOPS + ["coda"]
-    assert seen.count("coda") == scenario.OUTPUT_TOKENS
+    first = seen[1 : 1 + 1 + eng.FIRST_TOKEN_LOOPS + 1]
+    assert first == ["prelude"] + ["recurrent"] * eng.FIRST_TOKEN_LOOPS + ["coda"]
+    later = seen[len(first) + 1 : len(first) + 1 + eng.LATER_TOKEN_LOOPS + 2]
+    assert later == ["prelude"] + ["recurrent"] * eng.LATER_TOKEN_LOOPS + ["coda"]
+    assert seen.count("coda") == eng.OUTPUT_TOKENS
 
 
 def test_schedule_is_fcfs_by_stage_with_prefill_first():
-    engine = scenario.Engine.__new__(scenario.Engine)
+    engine = eng.Engine.__new__(eng.Engine)
     engine.waiting, engine.running = __import__("collections").deque(), []
-    a, b, c = (scenario.Request(i, 0.0) for i in range(3))
+    a, b, c = (eng.Request(i, 0.0) for i in range(3))
     a.phase, b.phase = "recurrent", "coda"
     engine.running = [a, b]
     engine.waiting.append(c)

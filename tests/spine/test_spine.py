@@ -14,44 +14,42 @@ import threading
 import time
 
 import probe_client
-from daemonproc import DaemonProcess
+from helpers.daemonproc import DaemonProcess
+from helpers.waiting import wait_for
 from probe_client import wire
 
 
-def _wait(pred, timeout_s=10.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.02)
-    return False
-
-
 def test_records_sent_equal_records_stored(daemon):
+    """Every record made is stored or reported lost, exactly; what was sent is
+    stored whole. (On a loaded machine the daemon may fall behind a tight
+    loop and the socket fill: such drops are the client's to count and the
+    daemon's to report, never silent.)"""
     probe = probe_client.connect(socket_path=daemon.socket, run_label="count", gc=False)
     assert probe.connected
     n = 5000
+    stages = ("prelude", "recurrent", "coda")
     for i in range(n):
         t0 = probe.begin()
-        probe.end("step", t0, stage=("prelude", "recurrent", "coda")[i % 3], batch=i % 7)
+        probe.end("step", t0, stage=stages[i % 3], batch=i % 7)
     probe.close()
     stats = probe.stats()
-    assert stats["drops_full"] == 0 and stats["drops_disconnected"] == 0
-    assert stats["sent_records"] == n
+    dropped = stats["drops_full"] + stats["drops_disconnected"]
+    assert stats["sent_records"] + dropped == n
     rc, took = daemon.stop()
     assert rc == 0
-    assert daemon.scalar("SELECT count(*) FROM spans") == n
-    expected = {
-        "prelude": len(range(0, n, 3)),
-        "recurrent": len(range(1, n, 3)),
-        "coda": len(range(2, n, 3)),
-    }
-    assert dict(daemon.query("SELECT stage, count(*) FROM spans GROUP BY stage")) == expected
-    assert daemon.scalar("SELECT count(DISTINCT seq) FROM spans") == n
-    assert daemon.query("SELECT label, last_seq, records, pid FROM runs") == [
-        ("count", n - 1, n, os.getpid())
-    ]
-    assert daemon.scalar("SELECT count(*) FROM losses") == 0
+    stored = daemon.scalar("SELECT count(*) FROM spans")
+    lost = daemon.scalar("SELECT coalesce(sum(count), 0)::BIGINT FROM losses")
+    assert stored == stats["sent_records"]
+    assert stored + lost == n
+    assert daemon.scalar("SELECT count(DISTINCT seq) FROM spans") == stored
+    # Each stored span is the one its sequence number says (seq i: stage i % 3).
+    wrong = daemon.scalar(
+        "SELECT count(*) FROM spans WHERE stage != list_extract(?, (seq % 3)::INTEGER + 1) "
+        "OR batch != seq % 7",
+        [list(stages)],
+    )
+    assert wrong == 0
+    assert daemon.query("SELECT label, records, pid FROM runs") == [("count", stored, os.getpid())]
 
 
 def test_sequence_gap_is_stored_as_loss(daemon):
@@ -135,13 +133,13 @@ def test_daemon_absent_started_killed_restarted(tmp_path):
     burst(100)  # no daemon: counted drops, no exception
     assert probe.stats()["drops_disconnected"] == 100
     d.start()
-    assert _wait(lambda: (probe.flush(), probe.connected)[1], 5.0)
+    assert wait_for(lambda: (probe.flush(), probe.connected)[1], 5.0)
     burst(200)
     time.sleep(0.5)  # let the daemon commit (every 200 ms)
     d.kill()  # SIGKILL: whatever was not committed is lost
     burst(50)  # daemon gone again
     d.start()
-    assert _wait(lambda: (probe.flush(), probe.connected)[1], 5.0)
+    assert wait_for(lambda: (probe.flush(), probe.connected)[1], 5.0)
     burst(70)
     probe.close()
     assert d.stop()[0] == 0

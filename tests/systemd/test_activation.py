@@ -9,9 +9,9 @@ import sys
 import time
 
 import pytest
-from sdtools import NotifyListener, ServiceProcess, have
 
 import probe_client
+from helpers.systemd import NotifyListener, ServiceProcess, have
 from stallscope.service import activation
 
 pytestmark = pytest.mark.skipif(

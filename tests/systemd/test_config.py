@@ -6,9 +6,9 @@ import signal
 import time
 
 import pytest
-from sdtools import REPO, NotifyListener, ServiceProcess, proc_backend_available
 
 import probe_client
+from helpers.systemd import REPO, NotifyListener, ServiceProcess, proc_backend_available
 from stallscope.service import config
 
 

@@ -8,10 +8,11 @@ import socket
 import statistics
 import time
 import uuid
+from itertools import pairwise
 
 import pytest
-from sdtools import NotifyListener, ServiceProcess, proc_backend_available
 
+from helpers.systemd import NotifyListener, ServiceProcess, proc_backend_available
 from stallscope.service import notify as notifymod
 
 NO_PROBES = '[probes]\nsched_backend = "none"\ngpu_backend = "none"\n'
@@ -62,7 +63,7 @@ def test_watchdog_pings_at_half_the_interval(tmp_path, listener):
         pings = listener.times("WATCHDOG")
     finally:
         assert svc.stop() == 0
-    gaps = [b - a for a, b in zip(pings, pings[1:])]
+    gaps = [b - a for a, b in pairwise(pings)]
     assert len(pings) >= 4, pings
     # Never later than the manager's deadline, and not every loop tick either.
     assert max(gaps) < watchdog_usec / 1e6, gaps

@@ -1,5 +1,5 @@
 """SIGHUP changes a real probe's rate: a daemon process whose NVML is the fake
-H200 (tests/probes/fake_nvml.py, through the real bindings) polls at 10 Hz,
+H200 (stallscope/probes/fake_nvml.py, through the real bindings) polls at 10 Hz,
 the file is changed to 40 Hz and SIGHUP sent; the poll rows it stores after
 the reload come at least twice as often as before, with no restart."""
 
@@ -8,16 +8,17 @@ import sys
 import time
 
 import pytest
-from sdtools import REPO, NotifyListener, ServiceProcess
+
+from helpers.systemd import NotifyListener, ServiceProcess
 
 pytest.importorskip("pynvml")
 
 WRAPPER = (
-    "import sys; sys.path.insert(0, %r)\n"
-    "import fake_nvml\n"
+    "import sys\n"
+    "from stallscope.probes import fake_nvml\n"
     "fake_nvml.install(fake_nvml.FakeNvml(gpus=1))\n"
     "from stallscope.cli import main\n"
-    "sys.exit(main(sys.argv[1:]))\n" % str(REPO / "tests" / "probes")
+    "sys.exit(main(sys.argv[1:]))\n"
 )
 
 CONFIG = '[probes]\nsched_backend = "none"\ngpu_backend = "nvml"\ngpu_poll_hz = {hz}\n'

@@ -6,8 +6,8 @@ import time
 
 import numpy as np
 import pytest
-from sdtools import ServiceProcess
 
+from helpers.systemd import ServiceProcess
 from stallscope.service.retention import SIZE_TARGET_FRACTION, Limits, Retention, used_bytes
 from stallscope.service.store import Store
 

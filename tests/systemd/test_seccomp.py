@@ -9,9 +9,9 @@ import signal
 import time
 
 import pytest
-from sdtools import REPO, ServiceProcess, allowed_syscalls, have, strace_summary_syscalls
 
 import probe_client
+from helpers.systemd import REPO, ServiceProcess, allowed_syscalls, have, strace_summary_syscalls
 
 pytestmark = pytest.mark.skipif(
     not (have("strace") and have("systemd-analyze") and have("systemd-socket-activate")),

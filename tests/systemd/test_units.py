@@ -8,8 +8,8 @@ import re
 import subprocess
 
 import pytest
-from sdtools import REPO, have
 
+from helpers.systemd import REPO, have
 from stallscope.service import activation
 
 INSTALL = str(REPO / "scripts" / "install.sh")
@@ -64,7 +64,7 @@ def test_verify_passes_on_the_installed_units(staged):
     root, _ = staged
     units = [str(root / UNITDIR / "stallscope.socket"), str(root / UNITDIR / "stallscope.service")]
     out = subprocess.run(["systemd-analyze", "verify", *units], capture_output=True, text=True)
-    problems = [l for l in (out.stdout + out.stderr).splitlines() if "stallscope" in l]
+    problems = [line for line in (out.stdout + out.stderr).splitlines() if "stallscope" in line]
     assert out.returncode == 0 and not problems, out.stdout + out.stderr
 
 

@@ -11,6 +11,8 @@ import re
 
 import duckdb
 
+from stallscope.errors import AccessError
+
 STATUS_QUERIES = (
     (
         "Runs",
@@ -42,10 +44,6 @@ LIST_NAMES = (
 )
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
-
-class AccessError(Exception):
-    """Why the data cannot be read, said so that a user can act on it."""
 
 
 def named_or_sql(text):
@@ -85,8 +83,24 @@ def _held_by_other_process(exc):
     return "lock" in text.lower() or "Conflicting" in text
 
 
+def api_socket_candidates(db_path, api_socket=None):
+    """Where to look for the daemon holding `db_path`, best first: the socket
+    the user named, the one the daemon published beside the database
+    (service/endpoint.py), the configured default."""
+    from stallscope.service.config import DEFAULT_API_SOCKET
+    from stallscope.service.endpoint import published_socket
+
+    found = [api_socket, published_socket(db_path), DEFAULT_API_SOCKET]
+    out = []
+    for sock in found:
+        if sock and sock not in out:
+            out.append(sock)
+    return out
+
+
 def open_for_reading(db_path, api_socket=None):
-    """A FileSource, or an API source when a daemon holds the file."""
+    """A FileSource, or an API source when a daemon holds the file. Without
+    `api_socket`, the daemon's own published endpoint is used."""
     if not os.path.exists(db_path):
         raise AccessError(
             f"no database at {db_path} (is the daemon running with --db "
@@ -97,12 +111,14 @@ def open_for_reading(db_path, api_socket=None):
     except AccessError as exc:
         if not _held_by_other_process(exc):
             raise
-        if api_socket and os.path.exists(api_socket):
-            from stallscope.api.client import ApiSource
+        candidates = api_socket_candidates(db_path, api_socket)
+        for sock in candidates:
+            if os.path.exists(sock):
+                from stallscope.api.client import ApiSource
 
-            return ApiSource(api_socket)
+                return ApiSource(sock)
         raise AccessError(
-            f"{db_path} is held by a running daemon and no API socket is at "
-            f"{api_socket}: start the daemon with --api-socket, or point --api-socket "
-            "at it"
+            f"{db_path} is held by a running daemon and no API socket was found "
+            f"(tried {', '.join(candidates)}): start the daemon with --api-socket, or "
+            "point --api-socket at it"
         ) from None

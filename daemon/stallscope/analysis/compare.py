@@ -8,10 +8,7 @@ by label. It only reads the database.
 """
 
 from stallscope.analysis.formatting import format_table
-
-
-class RunNotFound(ValueError):
-    """A run named on the command line is not in the database."""
+from stallscope.errors import RunNotFound
 
 
 def resolve_run(con, run):
@@ -36,7 +33,7 @@ def resolve_run(con, run):
         if len(ids) > 1:
             raise RunNotFound(f"label {run!r} names runs {ids}: give a run_id instead")
     known = con.execute("SELECT run_id, label FROM runs ORDER BY run_id DESC LIMIT 10").fetchall()
-    hint = ", ".join(f"{i}" + (f" ({l})" if l else "") for i, l in known) or "none"
+    hint = ", ".join(f"{i}" + (f" ({lab})" if lab else "") for i, lab in known) or "none"
     raise RunNotFound(f"no run {run!r} in this database; latest runs: {hint}")
 
 
@@ -79,7 +76,7 @@ def compare_runs(con, run_a, run_b):
     ]
     rows = [
         (n, x, y, _ratio(x, y) if isinstance(x, (int, float)) else None)
-        for n, x, y in zip(names, ra, rb)
+        for n, x, y in zip(names, ra, rb, strict=True)
     ]
     out.append("== Overview ==\n" + format_table(["", "A", "B", "B / A"], rows))
 

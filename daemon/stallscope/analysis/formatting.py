@@ -67,7 +67,8 @@ def format_table(columns, rows, max_width=None):
 
     def line(values):
         return "  ".join(
-            v.rjust(w) if num else v.ljust(w) for v, w, num in zip(values, widths, numeric)
+            v.rjust(w) if num else v.ljust(w)
+            for v, w, num in zip(values, widths, numeric, strict=True)
         ).rstrip()
 
     out = [line([str(c) for c in columns]), "  ".join("-" * w for w in widths)]
@@ -95,6 +96,7 @@ def format_rows(columns, rows, fmt="table"):
         return buf.getvalue()
     if fmt == "json":
         return "".join(
-            json.dumps({c: _json_value(v) for c, v in zip(columns, row)}) + "\n" for row in rows
+            json.dumps({c: _json_value(v) for c, v in zip(columns, row, strict=True)}) + "\n"
+            for row in rows
         )
     raise ValueError(f"unknown format {fmt!r}: use one of {', '.join(FORMATS)}")

@@ -17,33 +17,8 @@ import pyarrow as pa
 
 from stallscope.api.v1 import stallscope_pb2 as pb
 from stallscope.api.v1 import stallscope_pb2_grpc as pb_grpc
-
-
-class ApiError(Exception):
-    """The daemon refused or could not answer; the message is the daemon's."""
-
-    def __init__(self, message, code=None):
-        super().__init__(message)
-        self.code = code
-
-
-def _value(v):
-    if v is None:
-        return pb.Value(is_null=True)
-    if isinstance(v, bool):
-        return pb.Value(bool_value=v)
-    if isinstance(v, int):
-        return pb.Value(int_value=v) if -(1 << 63) <= v < (1 << 63) else pb.Value(uint_value=v)
-    if isinstance(v, float):
-        return pb.Value(double_value=v)
-    if isinstance(v, bytes):
-        return pb.Value(bytes_value=v)
-    return pb.Value(string_value=str(v))
-
-
-def from_value(value):
-    which = value.WhichOneof("kind")
-    return None if which in (None, "is_null") else getattr(value, which)
+from stallscope.api.values import to_value
+from stallscope.errors import AccessError, ApiError
 
 
 def _error(exc):
@@ -117,7 +92,7 @@ class Client:
         """(pa.Table, truncated) for one read-only statement."""
         request = pb.QueryRequest(
             sql=sql,
-            params=[_value(p) for p in (params or [])],
+            params=[to_value(p) for p in (params or [])],
             max_rows=limit or 0,
             timeout_ms=timeout_ms,
             format=pb.ARROW_IPC,
@@ -156,13 +131,22 @@ class Client:
         except grpc.RpcError as exc:
             raise _error(exc) from None
 
+    def start_diagnosis(self, duration_s):
+        """Open (or extend) a diagnosis window: StartDiagnosisResponse."""
+        try:
+            return self.stub.StartDiagnosis(
+                pb.StartDiagnosisRequest(duration_ms=int(round(duration_s * 1000)))
+            )
+        except grpc.RpcError as exc:
+            raise _error(exc) from None
+
     def close(self):
         self.channel.close()
 
 
 def _rows(table):
     cols = [c.to_pylist() for c in table.columns]
-    return list(zip(*cols)) if cols else []
+    return list(zip(*cols, strict=True)) if cols else []
 
 
 class _Cursor:
@@ -170,11 +154,17 @@ class _Cursor:
 
     def __init__(self, table, columns):
         self._table = table
-        self._rows = _rows(table)
+        self._rows_cache = None  # Python rows, made on the first fetch*
         self._pos = 0
         # DB-API description: (name, type_code, display_size, internal_size,
         # precision, scale, null_ok); type_code is DuckDB's type name.
         self.description = [(n, t, None, None, None, None, None) for n, t in columns] or None
+
+    @property
+    def _rows(self):
+        if self._rows_cache is None:
+            self._rows_cache = _rows(self._table)
+        return self._rows_cache
 
     def fetchall(self):
         rows, self._pos = self._rows[self._pos :], len(self._rows)
@@ -191,15 +181,20 @@ class _Cursor:
         self._pos += len(rows)
         return rows
 
-    def fetch_arrow_table(self):
-        return self._table
+    def fetchnumpy(self):
+        """Columns as numpy arrays, as DuckDB's fetchnumpy(): NULLs masked."""
+        import numpy as np
 
-    arrow = fetch_arrow_table
-
-    def fetchdf(self):
-        return self._table.to_pandas()
-
-    df = fetchdf
+        out = {}
+        for name, col in zip(self._table.column_names, self._table.columns, strict=True):
+            values = col.to_numpy(zero_copy_only=False)
+            if col.null_count:
+                out[name] = np.ma.masked_array(
+                    values, mask=col.is_null().to_numpy(zero_copy_only=False)
+                )
+            else:
+                out[name] = values
+        return out
 
 
 class ApiConnection:
@@ -243,8 +238,6 @@ class ApiSource:
         self.default_limit = limit
 
     def _execute(self, sql, params=None, limit=None):
-        from stallscope.analysis.access import AccessError
-
         limit = limit or self.default_limit or UNLIMITED_ROWS
         try:
             table, columns, truncated = self.client.query_arrow(sql, params, limit)

@@ -32,6 +32,7 @@ def spans(batch, runs):
         _col(batch, "end_ns"),
         _col(batch, "depth", 0, n),
         _col(batch, "seq", 0, n),
+        strict=True,
     ):
         out.append(
             pb.Event(
@@ -63,6 +64,7 @@ def gc_passes(batch, runs):
         _col(batch, "end_ns"),
         _col(batch, "collected"),
         _col(batch, "uncollectable"),
+        strict=True,
     ):
         out.append(
             pb.Event(
@@ -95,6 +97,7 @@ def off_cpu(batch, runs):
         _col(batch, "offcpu_ns"),
         _col(batch, "events"),
         _col(batch, "preempted_events"),
+        strict=True,
     ):
         out.append(
             pb.Event(
@@ -127,6 +130,7 @@ def run_queue(batch, runs):
         _col(batch, "resolution_ns"),
         _col(batch, "wait_ns"),
         _col(batch, "events"),
+        strict=True,
     ):
         out.append(
             pb.Event(
@@ -156,6 +160,7 @@ def migrations(batch, runs):
         _col(batch, "to_cpu"),
         _col(batch, "resolution_ns"),
         _col(batch, "events"),
+        strict=True,
     ):
         out.append(
             pb.Event(
@@ -185,6 +190,7 @@ def gpu_samples(batch, runs):
         _col(batch, "util_pct"),
         _col(batch, "clock_event_reasons"),
         _col(batch, "source"),
+        strict=True,
     ):
         out.append(
             pb.Event(

@@ -4,17 +4,25 @@ The database instance itself has no file or network access, loads no
 extension and has its configuration locked (see store.SANDBOX_CONFIG); this
 module adds what is per query: exactly one statement of a read-only type
 (SELECT, EXPLAIN, and what DuckDB parses as SELECT: DESCRIBE, SHOW,
-SUMMARIZE, FROM-first, VALUES), run inside a READ ONLY transaction (so even
+SUMMARIZE, FROM-first, VALUES) whose plan reads no file (DuckDB keeps the
+database's own file and WAL readable even without external access, so
+`read_blob('<db>')` would hand out the raw file: every table function that
+reads files is refused by name in the bound plan), run inside a READ ONLY
+transaction (so even
 a side-effecting function such as nextval() cannot write), at most
 `max_rows` rows, and a time limit enforced by interrupting the cursor from a
 timer. It never runs anything on the store's writer connection and never
 holds the store's locks; its only cost to ingest is CPU and DuckDB memory.
 """
 
+import json
+import re
 import threading
 import time
 
 import duckdb
+
+from stallscope.errors import NotSandboxed, QueryError
 
 ALLOWED_TYPES = {duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN}
 
@@ -26,12 +34,29 @@ DEFAULT_BATCH_ROWS = 8192
 MAX_BATCH_ROWS = 65_536
 
 
-class QueryError(Exception):
-    """The statement was refused or failed; the message is the user's to read."""
-
-
-class NotSandboxed(Exception):
-    """The database instance is not sandboxed, so no user SQL may run on it."""
+# Table functions (as named in a bound plan) that read files or other
+# databases. Matched on every plan node, so a subquery cannot hide one.
+_FILE_FUNCTION = re.compile(
+    r"^(READ_\w+|PARQUET_\w+|GLOB|SNIFF_CSV|\w*_SCAN|ICEBERG_\w+|DELTA_\w+|SQLITE_\w+)$"
+)
+# Scans of the database's own tables are fine.
+_OWN_SCANS = {
+    "SEQ_SCAN",
+    "TABLE_SCAN",
+    "INDEX_SCAN",
+    "COLUMN_DATA_SCAN",
+    "CHUNK_SCAN",
+    "DELIM_SCAN",
+    "CTE_SCAN",
+    "DUMMY_SCAN",
+    "EMPTY_RESULT",
+    "EXPRESSION_SCAN",
+    "POSITIONAL_SCAN",
+    "RECURSIVE_CTE_SCAN",
+    "ARROW_SCAN",
+}
+_EXPLAIN_PREFIX = re.compile(r"^\s*EXPLAIN\s+", re.IGNORECASE)
+_EXPLAIN_ANALYZE = re.compile(r"^\s*EXPLAIN\s+(\(.*\bANALY[SZ]E\b|ANALY[SZ]E\b)", re.I | re.S)
 
 
 def check_sandbox(cur):
@@ -69,6 +94,51 @@ def check_statement(cur, sql):
             "(SELECT, EXPLAIN, DESCRIBE, SHOW, SUMMARIZE)"
         )
     return stmt
+
+
+def _plan_functions(node, found):
+    """Every operator name and table function name in an EXPLAIN JSON plan."""
+    if isinstance(node, list):
+        for child in node:
+            _plan_functions(child, found)
+        return found
+    if isinstance(node, dict):
+        for key in ("name", "operator_name", "operator_type"):
+            if isinstance(node.get(key), str):
+                found.add(node[key].strip().upper())
+        extra = node.get("extra_info")
+        if isinstance(extra, dict) and isinstance(extra.get("Function"), str):
+            found.add(extra["Function"].strip().upper())
+        _plan_functions(node.get("children", []), found)
+    return found
+
+
+def check_reads_no_file(cur, stmt, params=None):
+    """QueryError if the statement's plan reads a file (the database's own
+    included). Binds the statement once more; never runs it."""
+    text = stmt.query
+    if stmt.type == duckdb.StatementType.EXPLAIN:
+        if _EXPLAIN_ANALYZE.match(text):
+            raise QueryError("EXPLAIN ANALYZE runs the statement: use EXPLAIN, or run the SELECT")
+        text = _EXPLAIN_PREFIX.sub("", text, count=1)
+        if text.lstrip().startswith("("):  # EXPLAIN (FORMAT ...) SELECT
+            text = text.lstrip()[text.lstrip().index(")") + 1 :]
+    try:
+        rows = cur.execute("EXPLAIN (FORMAT json) " + text, params or None).fetchall()
+    except duckdb.Error as exc:
+        raise QueryError(str(exc).strip()) from None
+    found = set()
+    for row in rows:
+        try:
+            _plan_functions(json.loads(row[-1]), found)
+        except (ValueError, TypeError):
+            raise QueryError("could not check the statement's plan; refused") from None
+    readers = sorted(f for f in found if _FILE_FUNCTION.match(f) and f not in _OWN_SCANS)
+    if readers:
+        raise QueryError(
+            f"reading files is not allowed through the API ({', '.join(readers)}): "
+            "query the tables and views"
+        )
 
 
 class QueryRun:
@@ -114,7 +184,8 @@ class QueryRun:
         self._cur = self.store.cursor()
         try:
             check_sandbox(self._cur)
-            check_statement(self._cur, self.sql)
+            stmt = check_statement(self._cur, self.sql)
+            check_reads_no_file(self._cur, stmt, self.params)
         except Exception:
             self.close()
             raise
@@ -128,7 +199,8 @@ class QueryRun:
             self._rel = self._cur.sql(self.sql, params=self.params or None)
             if self._rel is not None:
                 self.columns = [
-                    (name, str(t)) for name, t in zip(self._rel.columns, self._rel.types)
+                    (name, str(t))
+                    for name, t in zip(self._rel.columns, self._rel.types, strict=True)
                 ]
         except duckdb.Error as exc:
             self.close()

@@ -27,9 +27,11 @@ from grpc_reflection.v1alpha import reflection
 from stallscope.api import events
 from stallscope.api.alerts import StallDetector
 from stallscope.api.fanout import Fanout, Filter
-from stallscope.api.sandbox import NotSandboxed, QueryError, QueryRun
+from stallscope.api.sandbox import QueryRun
 from stallscope.api.v1 import stallscope_pb2 as pb
 from stallscope.api.v1 import stallscope_pb2_grpc as pb_grpc
+from stallscope.api.values import from_value, to_value
+from stallscope.errors import ApiConfigError, NotSandboxed, QueryError
 from stallscope.service.sockets import prepare_path
 
 log = logging.getLogger("stallscope.api")
@@ -43,67 +45,14 @@ STREAM_WAKE_S = 0.25
 MAX_EVENTS_PER_MESSAGE = 4096
 
 
-class ApiConfigError(Exception):
-    """The API cannot start as configured; the message says how to fix it."""
-
-
-def check_api_options(api_socket=None, listen=None, tls_cert=None, tls_key=None, client_ca=None):
-    """Refuse what must not run (plain-text TCP, half a TLS setup, unreadable files)."""
-    if listen:
-        if not (tls_cert and tls_key):
-            raise ApiConfigError(
-                f"refusing to serve the API on TCP {listen} without TLS: give --tls-cert and "
-                "--tls-key (and --tls-client-ca for mutual TLS), or use --api-socket only"
-            )
-        if ":" not in listen:
-            raise ApiConfigError(f"--grpc-listen wants HOST:PORT, got {listen!r}")
-    elif tls_cert or tls_key or client_ca:
-        raise ApiConfigError("--tls-cert/--tls-key/--tls-client-ca need --grpc-listen HOST:PORT")
-    if bool(tls_cert) != bool(tls_key):
-        raise ApiConfigError("TLS needs both --tls-cert and --tls-key")
-    for what, path in (("certificate", tls_cert), ("key", tls_key), ("client CA", client_ca)):
-        if path and not os.access(path, os.R_OK):
-            raise ApiConfigError(f"cannot read the TLS {what} at {path}")
-
-
 def _read(path):
     with open(path, "rb") as f:
         return f.read()
 
 
-def _to_python(value):
-    which = value.WhichOneof("kind")
-    if which is None or which == "is_null":
-        return None
-    return getattr(value, which)
-
-
-_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
-
-
-def _to_value(v):
-    if v is None:
-        return pb.Value(is_null=True)
-    if isinstance(v, bool):
-        return pb.Value(bool_value=v)
-    if isinstance(v, int):
-        if _INT64_MIN <= v <= _INT64_MAX:
-            return pb.Value(int_value=v)
-        if 0 <= v < (1 << 64):
-            return pb.Value(uint_value=v)
-        return pb.Value(string_value=str(v))
-    if isinstance(v, float):
-        return pb.Value(double_value=v)
-    if isinstance(v, str):
-        return pb.Value(string_value=v)
-    if isinstance(v, bytes):
-        return pb.Value(bytes_value=v)
-    return pb.Value(string_value=str(v))
-
-
 def _rows(batch):
     cols = [c.to_pylist() for c in batch.columns]
-    return [pb.Row(values=[_to_value(v) for v in row]) for row in zip(*cols)]
+    return [pb.Row(values=[to_value(v) for v in row]) for row in zip(*cols, strict=True)]
 
 
 def _ipc(batch):
@@ -122,6 +71,7 @@ class StallscopeServicer(pb_grpc.StallscopeServicer):
         self.detector = detector
         self._queries = threading.BoundedSemaphore(MAX_CONCURRENT_QUERIES)
         self.started_ns = getattr(daemon, "started_ns", time.monotonic_ns())
+        self.shutting_down = False  # set by ApiServer.stop: streams end UNAVAILABLE
 
     # ----- StreamEvents -------------------------------------------------------------
     def StreamEvents(self, request, context):
@@ -169,6 +119,10 @@ class StallscopeServicer(pb_grpc.StallscopeServicer):
                             ev.seq = sub.seq
                             sub.seq += 1
                     yield pb.EventBatch(events=part, sent_ns=time.monotonic_ns())
+            if self.shutting_down and context.is_active():
+                # Not OK: a client must be able to tell "the daemon went away"
+                # from "the stream is complete", and retry elsewhere or later.
+                context.abort(grpc.StatusCode.UNAVAILABLE, "the daemon is shutting down")
         finally:
             self.fanout.unsubscribe(sub)
             log.info(
@@ -190,7 +144,7 @@ class StallscopeServicer(pb_grpc.StallscopeServicer):
                 run = QueryRun(
                     self.daemon.store,
                     request.sql,
-                    [_to_python(v) for v in request.params],
+                    [from_value(v) for v in request.params],
                     max_rows=request.max_rows,
                     timeout_s=request.timeout_ms / 1000.0,
                     batch_rows=request.batch_rows,
@@ -317,6 +271,11 @@ class StallscopeServicer(pb_grpc.StallscopeServicer):
     def ListRuns(self, request, context):
         return pb.ListRunsResponse(runs=self._runs(live_only=request.live_only))
 
+    def StartDiagnosis(self, request, context):
+        from stallscope.service.deep import diagnosis_rpc
+
+        return diagnosis_rpc(self.daemon, request, context)
+
 
 def _stats(probe):
     try:
@@ -342,8 +301,12 @@ def _prepare_unix_socket(path):
 class ApiServer:
     """The running server; `stop(grace)` ends streams and closes sockets."""
 
-    def __init__(self, server, fanout, detector, store, api_socket, tcp_port):
+    def __init__(
+        self, server, fanout, detector, store, api_socket, tcp_port, health=None, servicer=None
+    ):
         self.server = server
+        self.health = health
+        self.servicer = servicer
         self.fanout = fanout
         self.detector = detector
         self.store = store
@@ -356,6 +319,12 @@ class ApiServer:
         return max(0, len(self.fanout.subscribers) - 1)
 
     def stop(self, grace=0.5):
+        """NOT_SERVING first (Health.Watch clients hear it), then streams end
+        with UNAVAILABLE, then the server stops after `grace` seconds."""
+        if self.health is not None:
+            self.health.enter_graceful_shutdown()  # every service -> NOT_SERVING
+        if self.servicer is not None:
+            self.servicer.shutting_down = True
         self.store.remove_listener(self.fanout.on_batch)
         self.detector.stop()
         self.fanout.close_all()
@@ -368,18 +337,15 @@ class ApiServer:
 
 
 def start_api_server(daemon, api_socket, listen=None, tls_cert=None, tls_key=None, client_ca=None):
-    """Serve the API for `daemon`; returns an ApiServer. Raises SystemExit when the
-    configuration is refused (plain-text TCP, unreadable TLS files, socket in use)."""
-    try:
-        check_api_options(api_socket, listen, tls_cert, tls_key, client_ca)
-        if not api_socket and not listen:
-            raise ApiConfigError(
-                "no API endpoint: give --api-socket PATH and/or --grpc-listen HOST:PORT with TLS"
-            )
-        if api_socket:
-            _prepare_unix_socket(api_socket)
-    except ApiConfigError as exc:
-        raise SystemExit(f"error: {exc}") from None
+    """Serve the API for `daemon`; returns an ApiServer. The TLS options were
+    checked with the rest of the configuration (config.check_api); raises
+    ApiConfigError when there is no endpoint or the socket is in use."""
+    if not api_socket and not listen:
+        raise ApiConfigError(
+            "no API endpoint: give --api-socket PATH and/or --grpc-listen HOST:PORT with TLS"
+        )
+    if api_socket:
+        _prepare_unix_socket(api_socket)
 
     def run_pids():
         return {r.run_id: r.pid for r in list(daemon.ingest.runs.values())}
@@ -418,7 +384,7 @@ def start_api_server(daemon, api_socket, listen=None, tls_cert=None, tls_key=Non
         server.start()
     except (RuntimeError, OSError) as exc:
         detector.stop()
-        raise SystemExit(f"error: API: {exc}") from None
+        raise ApiConfigError(f"API: {exc}") from None
     finally:
         os.umask(old)
     if api_socket:
@@ -439,4 +405,13 @@ def start_api_server(daemon, api_socket, listen=None, tls_cert=None, tls_key=Non
             f"tcp {host}:{tcp_port} (TLS{', client certificates required' if client_ca else ''})"
         )
     log.info("API serving on %s", " and ".join(where))
-    return ApiServer(server, fanout, detector, daemon.store, api_socket, tcp_port)
+    return ApiServer(
+        server,
+        fanout,
+        detector,
+        daemon.store,
+        api_socket,
+        tcp_port,
+        health=health_servicer,
+        servicer=servicer,
+    )

@@ -1,34 +1,20 @@
 """`stallscope demo`: a real daemon, the built-in serving engine, the report.
 
-Starts `stallscope daemon` as a child process on a temporary socket and
-database (or `--db`), runs the scenario engine in another child process with
+Starts `stallscope daemon` as a child process (demo/child.py) on a temporary
+socket and database (or `--db`), runs the scenario engine in another child process with
 a progress bar, stops the daemon with SIGTERM (it flushes and exits), and
 prints the summary and the attribution report read from the database file.
 """
 
 import os
-import signal
 import subprocess
 import sys
 import tempfile
-import time
 
-from stallscope.analysis import summary
+import duckdb
 
-
-def _wait_for_socket(path, proc, log_path, timeout_s=30.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        with open(log_path) as f:
-            ready = "listening on" in f.read()
-        if ready and os.path.exists(path):
-            return
-        if proc.poll() is not None:
-            raise SystemExit(
-                f"error: the daemon exited early (status {proc.returncode}); see its log above"
-            )
-        time.sleep(0.05)
-    raise SystemExit(f"error: the daemon did not create {path} within {timeout_s:.0f} s")
+from stallscope.analysis import report, summary
+from stallscope.demo.child import DaemonChild
 
 
 def run_demo(args):
@@ -39,21 +25,17 @@ def run_demo(args):
     log_path = os.path.join(workdir, "daemon.log")
     py = sys.executable
     print(f"stallscope demo: daemon on {sock}, database {db}", flush=True)
-    daemon_cmd = [py, "-m", "stallscope.cli", "daemon", "--socket", sock, "--db", db]
-    if args.sched_backend:
-        daemon_cmd += ["--sched-backend", args.sched_backend]
-    with open(log_path, "w") as log:
-        daemon = subprocess.Popen(daemon_cmd, stderr=log, stdout=log)
+    backend = ["--sched-backend", args.sched_backend] if args.sched_backend else []
+    daemon = DaemonChild(sock, db, log_path, backend)
     try:
-        _wait_for_socket(sock, daemon, log_path)
-        with open(log_path) as f:
-            for line in f:
-                if (
-                    " probe: using " in line
-                    or " probe unavailable" in line
-                    or " probe: disabled" in line
-                ):
-                    print("  " + line.split(" INFO ", 1)[-1].split(" WARNING ", 1)[-1].strip())
+        daemon.start()
+        for line in daemon.read_log().splitlines():
+            if (
+                " probe: using " in line
+                or " probe unavailable" in line
+                or " probe: disabled" in line
+            ):
+                print("  " + line.split(" INFO ", 1)[-1].split(" WARNING ", 1)[-1].strip())
         print(
             f"running the serving-engine scenario for {args.duration:.0f} s "
             f"({args.rate:g} req/s; the seed's leaky timing hook "
@@ -82,30 +64,15 @@ def run_demo(args):
         if rc != 0:
             print(f"warning: the scenario exited with status {rc}", file=sys.stderr)
     finally:
-        daemon.send_signal(signal.SIGTERM)
-        try:
-            daemon.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            daemon.kill()
-            daemon.wait()
-    if daemon.returncode != 0:
-        print(
-            f"warning: the daemon exited with status {daemon.returncode}; log: {log_path}",
-            file=sys.stderr,
-        )
-
-    import duckdb
+        status, _ = daemon.stop(timeout_s=10)
+    if status != 0:
+        print(f"warning: the daemon exited with status {status}; log: {log_path}", file=sys.stderr)
 
     con = duckdb.connect(db, read_only=True)
     try:
         print()
         print(summary.build_summary(con))
-        try:
-            from stallscope.analysis import report
-        except ImportError:
-            report = None
-        if report is not None:
-            print(report.build_report(con, out_dir=out_dir))
+        print(report.build_report(con, out_dir=out_dir))
     finally:
         con.close()
     print(

@@ -1,16 +1,7 @@
-"""A serving engine shaped like the seed's, for the demo and end-to-end tests.
+"""The demo's scenario: the engine (demo/engine.py) traced as a user would trace it.
 
-`Engine._step()` calls `Engine._schedule()`, then `executor.submit(batch)`,
-whose ticket's `collect()` waits for the result (real numpy work standing in
-for the GPU, run synchronously on the engine thread as in the seed's
-single-stream eager configuration). Requests arrive from a fixed,
-seeded trace and run FCFS, up to 96 in flight, through the stages of a
-recurrent-depth model: prefill, then for every output token prelude, N
-recurrent loops (8 for the first token, 4 after) and coda. Stage costs are
-calibrated at start so that prelude/recurrent/coda steps take ~4-7 ms here.
-
-The engine knows nothing of stallscope: `run_scenario` instruments it with
-`probe.attach()` from outside, as a user would. `--gc-pressure` adds the
+`run_scenario` feeds the engine requests from a fixed, seeded arrival trace
+and instruments it with `probe.attach()` from outside. `--gc-pressure` adds the
 seed's buggy timing hook (a closure on each ticket that references the ticket,
 so one reference cycle per submission, held briefly in a pending list) on top
 of a large long-lived heap, which makes a gen-2 collection appear in steady
@@ -26,173 +17,10 @@ import random
 import sys
 import threading
 import time
+import weakref
 from collections import deque
 
-import numpy as np
-
-STAGES = ("prefill", "prelude", "recurrent", "coda")
-PROMPT_TOKENS = 64
-OUTPUT_TOKENS = 64
-FIRST_TOKEN_LOOPS = 8
-LATER_TOKEN_LOOPS = 4
-MAX_IN_FLIGHT = 96
-
-# Target host time per stage, milliseconds: (base, per request in the batch).
-STAGE_COST_MS = {
-    "prefill": (30.0, 4.0),
-    "prelude": (4.0, 0.15),
-    "recurrent": (5.0, 0.2),
-    "coda": (4.5, 0.15),
-}
-
-
-class Request:
-    __slots__ = ("rid", "arrival_s", "phase", "loops_left", "tokens_out", "done")
-
-    def __init__(self, rid, arrival_s):
-        self.rid = rid
-        self.arrival_s = arrival_s
-        self.phase = "prefill"
-        self.loops_left = 0
-        self.tokens_out = 0
-        self.done = False
-
-    def advance(self):
-        """Move to the next stage after a step of the current one."""
-        if self.phase == "prefill":
-            self.phase = "prelude"
-        elif self.phase == "prelude":
-            self.phase = "recurrent"
-            self.loops_left = FIRST_TOKEN_LOOPS if self.tokens_out == 0 else LATER_TOKEN_LOOPS
-        elif self.phase == "recurrent":
-            self.loops_left -= 1
-            if self.loops_left <= 0:
-                self.phase = "coda"
-        else:  # coda emits a token
-            self.tokens_out += 1
-            if self.tokens_out >= OUTPUT_TOKENS:
-                self.done = True
-            else:
-                self.phase = "prelude"
-
-
-class Batch:
-    """What `_schedule()` returns: the stage and the requests of one step."""
-
-    __slots__ = ("phase", "requests")
-
-    def __init__(self, phase, requests):
-        self.phase = phase
-        self.requests = requests
-
-
-class StageWork:
-    """Numpy matrix products sized so each stage costs its target time."""
-
-    def __init__(self, dim=192, seed=0):
-        rng = np.random.default_rng(seed)
-        self.a = rng.standard_normal((dim, dim)).astype(np.float32)
-        self.b = rng.standard_normal((dim, dim)).astype(np.float32)
-        self.out = np.empty_like(self.a)
-        # The fastest of several timings: other load on the machine only ever
-        # slows a timing down, and would otherwise make every step too short.
-        samples = []
-        for _ in range(30):
-            t0 = time.perf_counter()
-            for _ in range(10):
-                np.dot(self.a, self.b, out=self.out)
-            samples.append((time.perf_counter() - t0) / 10)
-        self.dot_s = min(samples)
-
-    def reps(self, phase, batch):
-        base, per = STAGE_COST_MS[phase]
-        return max(1, int(round((base + per * batch) / 1000.0 / self.dot_s)))
-
-    def run(self, reps):
-        for _ in range(reps):
-            np.dot(self.a, self.b, out=self.out)
-        return float(self.out[0, 0])
-
-
-class Ticket:
-    """A submission; `collect()` runs the stage's work and returns its result.
-
-    Execution is synchronous on the engine thread (the seed's configuration:
-    single stream, eager), so the engine thread is on CPU for the whole step
-    unless something takes it off: exactly what the attribution must see."""
-
-    __slots__ = ("_work", "_reps", "result", "__dict__", "__weakref__")
-
-    def __init__(self, work, reps):
-        self._work = work
-        self._reps = reps
-        self.result = None
-
-    def collect(self):
-        if self._work is not None:
-            self.result = self._work.run(self._reps)
-            self._work = None
-        return self.result
-
-
-class Executor:
-    """Turns a batch into a ticket; the host-side part of a GPU submission."""
-
-    def __init__(self, work, jitter_p=0.0, jitter_s=0.0, seed=0):
-        self.work = work
-        self.submit_extra_s = 0.0  # injected host-side delay inside submit()
-        # The seed's second effect: ~1.7% of steps ~3 ms slow inside submit.
-        self.jitter_p = jitter_p
-        self.jitter_s = jitter_s
-        self._rng = random.Random(seed)
-
-    def submit(self, batch):
-        if self.jitter_p and self._rng.random() < self.jitter_p:
-            _burn_cpu(self.jitter_s)
-        if self.submit_extra_s:
-            _burn_cpu(self.submit_extra_s)
-            self.submit_extra_s = 0.0
-        return Ticket(self.work, self.work.reps(batch.phase, len(batch.requests)))
-
-    def close(self):
-        pass
-
-
-class Engine:
-    """FCFS scheduler over in-flight requests; one stage per step."""
-
-    def __init__(self, work, submit_jitter=(0.0, 0.0)):
-        self.executor = Executor(work, *submit_jitter)
-        self.waiting = deque()
-        self.running = []
-        self.finished = 0
-        self.steps = 0
-
-    def add_request(self, request):
-        self.waiting.append(request)
-
-    def has_work(self):
-        return bool(self.waiting or self.running)
-
-    def _schedule(self):
-        while self.waiting and len(self.running) < MAX_IN_FLIGHT:
-            self.running.append(self.waiting.popleft())
-        new = [r for r in self.running if r.phase == "prefill"]
-        if new:
-            return Batch("prefill", new)
-        phase = self.running[0].phase  # the oldest request's stage, FCFS
-        return Batch(phase, [r for r in self.running if r.phase == phase])
-
-    def _step(self):
-        batch = self._schedule()
-        result = self.executor.submit(batch).collect()
-        for request in batch.requests:
-            request.advance()
-        if any(r.done for r in batch.requests):
-            self.finished += sum(1 for r in batch.requests if r.done)
-            self.running = [r for r in self.running if not r.done]
-        self.steps += 1
-        return result
+from stallscope.demo.engine import Engine, Request, StageWork, Ticket
 
 
 class LeakyStepTimer:
@@ -259,14 +87,6 @@ def _spin(seconds):
         pass
 
 
-def _burn_cpu(seconds):
-    """Host work: `seconds` of this thread's CPU time, however long it takes
-    on a busy machine (time preempted is not work done)."""
-    end = time.thread_time() + seconds
-    while time.thread_time() < end:
-        pass
-
-
 class Injector:
     """Makes chosen steps slow for a known reason and writes down which.
 
@@ -277,13 +97,16 @@ class Injector:
     Each injected step is logged as JSON: cause, start_ns, end_ns, tid."""
 
     def __init__(self, engine, causes, every, extra_ms, log_path):
-        self.engine = engine
+        # engine._step becomes this injector's method, so the injector holds
+        # the engine weakly and the class's function, never a method bound to
+        # the engine: no reference cycle (probe_client's attach() refuses one).
+        self.engine = weakref.proxy(engine)
         self.causes = list(causes)
         self.every = every
         self.extra_s = extra_ms / 1000.0
         self.log = open(log_path, "w") if log_path else None
         self.i = 0
-        self._orig_step = engine._step
+        self._orig_step = type(engine)._step
         engine._step = self._step
         self._hog_pid = None
         self._hog_fd = None
@@ -316,7 +139,7 @@ class Injector:
     def _step(self):
         n = self.engine.steps
         if n == 0 or n % self.every:
-            return self._orig_step()
+            return self._orig_step(self.engine)
         cause = self.causes[self.i % len(self.causes)]
         self.i += 1
         t0 = time.monotonic_ns()
@@ -328,7 +151,7 @@ class Injector:
             gc.collect(2)
         elif cause == "block":
             time.sleep(self.extra_s)
-        result = self._orig_step()
+        result = self._orig_step(self.engine)
         t1 = time.monotonic_ns()
         if self.log:
             self.log.write(
@@ -439,8 +262,8 @@ def run_scenario(
     }
 
 
-def main(argv=None):
-    """`python -m stallscope.scenario SOCKET [options]`: run the engine alone."""
+def build_parser():
+    """The options of `python -m stallscope.demo.scenario` (what `stallscope demo` runs)."""
     import argparse
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -464,6 +287,12 @@ def main(argv=None):
         "(the seed saw ~1.7%% of steps ~3 ms slow inside submit: 0.017:3)",
     )
     p.add_argument("--result", default=None, help="write a JSON summary here")
+    return p
+
+
+def main(argv=None):
+    """`python -m stallscope.demo.scenario SOCKET [options]`: run the engine alone."""
+    p = build_parser()
     a = p.parse_args(argv)
 
     tty = sys.stderr.isatty()

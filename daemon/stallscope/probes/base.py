@@ -5,20 +5,116 @@ reason string with the fix, or None), then `start(sink)`-ed. The daemon
 tells it which processes to follow with `track(pid)` / `untrack(pid)` as
 probe clients connect and leave (and for `--pid`). It writes rows with
 `sink.append(table, columns)` (column name -> numpy array or list, whole
-batches, never a row at a time) and known gaps with `sink.loss(...)`.
+batches, never a row at a time), known gaps with `sink.loss(...)` and
+changes of its state with `sink.status(...)`.
 `stop()` flushes what it holds and releases kernel or driver resources.
+`covering()` says whether it records now (a detachable probe may be loaded
+but detached); the daemon turns that into `coverage` rows per run.
 """
 
 from dataclasses import dataclass, field
 
 
+def _key(default, doc, **declared):
+    """A ProbeSettings field that is also the config key [probes] <field name>.
+
+    `declared` may set `live` (changes on SIGHUP), `minimum`, `flag` (the
+    argparse dest when it is not the field name), `env` and `metavar`."""
+    return field(default=default, metadata={"doc": doc, **declared})
+
+
 @dataclass
 class ProbeSettings:
-    proc_root: str = "/proc"  # procfs root (tests point it at fixtures)
-    sched_poll_hz: float = 100.0  # /proc backend sampling rate
-    gpu_poll_hz: float = 10.0  # NVML polling rate
-    gpus: tuple = ()  # NVML indices to sample; empty = all
-    extra: dict = field(default_factory=dict)
+    """Every probe setting. Each field is a declared configuration key
+    `probes.<field name>` with its flag (`--<field-name>`), environment
+    variable (`STALLSCOPE_<FIELD_NAME>`), file key and this default:
+    `service/config_keys.py` makes the keys from these fields, so a new
+    setting is one field with `_key(default, doc)`, and tests fail on a field
+    without one. A message that tells operators to change a setting names
+    the field (tests/test_settings.py checks)."""
+
+    proc_root: str = _key("/proc", "procfs root (tests point it at fixtures)")
+    sched_poll_hz: float = _key(
+        100.0,
+        "/proc scheduling backend sampling rate, Hz",
+        live=True,
+        minimum=0.1,
+        flag="proc_poll_hz",
+    )
+    gpu_poll_hz: float = _key(10.0, "NVML polling rate, Hz", live=True, minimum=0.1)
+    gpus: tuple = _key((), "NVML device indices to sample; empty = all", metavar="N[,N...]")
+    sched_poll_ms: float = _key(
+        20.0, "bcc and perf backends: read the kernel's ring buffers this often, ms", minimum=1
+    )
+    sched_rescan_ms: float = _key(
+        100.0, "perf backend: look for new threads of followed processes this often, ms", minimum=1
+    )
+    sched_verify_ms: float = _key(
+        1000.0,
+        "bcc backend: compare its switch counts with /proc's this often, ms",
+        minimum=1,
+    )
+    sched_max_tids: int = _key(
+        65536, "bcc backend: threads followed at once (kernel map entries)", minimum=1
+    )
+    sched_max_tgids: int = _key(
+        4096, "bcc backend: processes followed at once (kernel map entries)", minimum=1
+    )
+    sched_ring_pages: int = _key(
+        1024,
+        "bcc backend: kernel ring buffer size in pages, a power of two (1024 = 4 MiB, "
+        "~0.4 s of 200k events/s)",
+        minimum=1,
+    )
+    gpu_buffers: bool = _key(
+        True, "read the driver's sample buffers (clocks, power) between NVML polls"
+    )
+    gpu_buffer_poll_s: float = _key(
+        1.0, "read the driver's sample buffers this often, s", minimum=0.01
+    )
+    gpu_sync_s: float = _key(
+        10.0, "re-measure the driver clock's offset at most this far apart, s", minimum=0.1
+    )
+    gpu_batch_s: float = _key(0.5, "hand GPU rows to the store this often, s", minimum=0.01)
+    gpu_retry_s: float = _key(
+        1.0, "look for a GPU that fell off the bus again this often, s", minimum=0
+    )
+    # kernel causes inside a step (docs/kernel-causes.md)
+    kernel_causes: bool = _key(
+        True, "page-fault, IRQ, steal and syscall probes (each where it can run)"
+    )
+    deep: bool = _key(
+        False,
+        "keep the expensive probes (syscalls: every syscall on the host gets slower) "
+        "attached for the daemon's life, not only in `stallscope deep` windows",
+    )
+    syscall_threshold_us: float = _key(
+        50.0,
+        "syscalls at least this long (us) are rows of their own; shorter ones summed",
+        minimum=1,
+    )
+    kernel_poll_ms: float = _key(
+        20.0,
+        "page-fault, IRQ and syscall probes: read their ring buffers this often, ms",
+        minimum=1,
+    )
+    kernel_ring_pages: int = _key(
+        256,
+        "page-fault, IRQ and syscall probes: ring buffer size in pages each, a power of two",
+        minimum=1,
+    )
+    kernel_max_tids: int = _key(
+        16384, "page-fault and syscall probes: per-thread aggregates held at once", minimum=1
+    )
+    page_faults_flush_ms: float = _key(
+        20.0, "a thread's page faults are one row per this much time, ms", minimum=1
+    )
+    syscalls_flush_ms: float = _key(
+        20.0,
+        "a thread's short calls of one syscall are one row per this much time, ms",
+        minimum=1,
+    )
+    steal_poll_ms: float = _key(100.0, "read /proc/stat's steal time this often, ms", minimum=1)
 
 
 class Sink:
@@ -29,6 +125,9 @@ class Sink:
 
     def loss(self, probe, start_ns, end_ns, count, reason):
         raise NotImplementedError
+
+    def status(self, probe, backend, state, detail):
+        """A probe's state changed ('active', 'degraded', 'failed', ...)."""
 
 
 class Probe:
@@ -56,6 +155,11 @@ class Probe:
 
     def stop(self):
         """Flush what is held and release resources; idempotent."""
+
+    def covering(self):
+        """True while this probe records what it measures for the processes
+        it follows (the daemon writes `coverage` rows from this)."""
+        return True
 
     def status(self):
         """A small dict for GetStatus: counters, rates, settings."""

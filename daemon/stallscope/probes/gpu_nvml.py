@@ -11,38 +11,25 @@ whose microsecond timestamps are on an undocumented clock; it calibrates that
 clock to CLOCK_MONOTONIC (method in docs/gpu-probe.md, results in
 `nvml_clock_sync`) and stores them as source 'buffer' with the raw stamp.
 A field that fails is NULL and the row is kept; a lost GPU is recorded as a
-loss and retried. This is the only module that imports `pynvml` (package
-nvidia-ml-py >= 12.535). It must never poll faster than MAX_POLL_HZ: NVML
-calls serialise on driver locks shared with the engine's own GPU threads.
+loss and retried. The bindings are loaded by `nvml_bindings.py` (the only
+module that imports `pynvml`), the driver buffers read and calibrated by
+`gpu_buffers.py`. It must never poll faster than MAX_POLL_HZ: NVML calls
+serialise on driver locks shared with the engine's own GPU threads.
 """
 
-import importlib
 import logging
-import os
-import statistics
 import threading
 import time
 from collections import deque
 
+from stallscope.errors import ProbeError
 from stallscope.probes.base import Probe, ProbeSettings
+from stallscope.probes.gpu_buffers import DriverBuffers, GpuLost, raiser
+from stallscope.probes.nvml_bindings import init_problem, load_bindings, sample_value
 
 log = logging.getLogger("stallscope.probes.gpu")
 
-MIN_BINDINGS = (12, 535)
 MAX_POLL_HZ = 50.0  # see docs/gpu-probe.md "cost"; faster is refused
-FIX_BINDINGS = "pip install 'nvidia-ml-py>=12.535'"
-
-# nvmlDeviceGetSamples types (values from nvml.h)
-TOTAL_POWER_SAMPLES = 0
-PROCESSOR_CLK_SAMPLES = 5
-BUFFER_TYPES = ((PROCESSOR_CLK_SAMPLES, "sm_clock_mhz"), (TOTAL_POWER_SAMPLES, "power_mw"))
-
-# Candidate clocks for the driver's sample timestamps, in order of preference.
-CANDIDATE_CLOCKS = (
-    ("realtime", time.CLOCK_REALTIME),
-    ("boottime", getattr(time, "CLOCK_BOOTTIME", 7)),
-    ("monotonic", time.CLOCK_MONOTONIC),
-)
 
 # nvml_samples columns this probe writes (daemon/schema/030_gpu.sql has the types)
 _COLS = (
@@ -64,108 +51,6 @@ _COLS = (
 )
 
 
-def _version_tuple(text):
-    parts = []
-    for piece in str(text).split("."):
-        digits = "".join(ch for ch in piece if ch.isdigit())
-        if not digits:
-            break
-        parts.append(int(digits))
-    return tuple(parts)
-
-
-def binding_problem(module, dist_version, dist_file):
-    """Why the imported `pynvml` is not usable, with the fix; None if it is.
-
-    `dist_version` is nvidia-ml-py's installed version (None: not installed),
-    `dist_file` the pynvml.py that distribution installed (None: unknown)."""
-    mod_file = getattr(module, "__file__", "") or ""
-    if os.path.basename(mod_file) == "__init__.py":
-        # nvidia-ml-py ships a single pynvml.py; a pynvml/ package is the
-        # legacy `pynvml` distribution (<= 11.x, returns bytes), which wins
-        # the import when both are installed.
-        return (
-            f"the legacy 'pynvml' package ({os.path.dirname(mod_file)}) shadows "
-            f"nvidia-ml-py: pip uninstall -y pynvml && {FIX_BINDINGS}"
-        )
-    if dist_version is None:
-        return (
-            f"module pynvml at {mod_file} does not come from nvidia-ml-py: "
-            f"pip uninstall -y pynvml && {FIX_BINDINGS}"
-        )
-    if _version_tuple(dist_version) < MIN_BINDINGS:
-        return f"nvidia-ml-py {dist_version} is too old (need >= 12.535): {FIX_BINDINGS}"
-    if (
-        dist_file
-        and mod_file
-        and os.path.exists(dist_file)
-        and not os.path.samefile(dist_file, mod_file)
-    ):
-        return (
-            f"pynvml is imported from {mod_file}, not from nvidia-ml-py's "
-            f"{dist_file}: remove the other copy (pip uninstall -y pynvml)"
-        )
-    if not hasattr(module, "nvmlDeviceGetCurrentClocksEventReasons"):
-        return f"pynvml at {mod_file} lacks nvmlDeviceGetCurrentClocksEventReasons: {FIX_BINDINGS}"
-    return None
-
-
-def _load_bindings():
-    """(pynvml module or None, problem or None)."""
-    try:
-        module = importlib.import_module("pynvml")
-    except ImportError as exc:
-        return None, f"NVML bindings not installed ({exc}): {FIX_BINDINGS}"
-    from importlib import metadata
-
-    try:
-        version = metadata.version("nvidia-ml-py")
-        dist_file = next(
-            (
-                str(f.locate())
-                for f in metadata.files("nvidia-ml-py") or ()
-                if f.name == "pynvml.py"
-            ),
-            None,
-        )
-    except metadata.PackageNotFoundError:
-        version, dist_file = None, None
-    problem = binding_problem(module, version, dist_file)
-    return (None, problem) if problem else (module, None)
-
-
-def init_problem(nv, exc):
-    """The operator's message for an nvmlInit failure."""
-    off = "the GPU probe is off, the daemon runs on"
-    if isinstance(exc, nv.NVMLError_LibraryNotFound):
-        return f"no NVIDIA driver (libnvidia-ml.so.1 not found); {off}"
-    if isinstance(exc, nv.NVMLError_DriverNotLoaded):
-        return f"NVIDIA kernel driver not loaded (modprobe nvidia, or check dmesg); {off}"
-    if isinstance(exc, nv.NVMLError_NoPermission):
-        return f"no permission to open /dev/nvidia* (run as a user in the video group); {off}"
-    if isinstance(exc, nv.NVMLError_LibRmVersionMismatch):
-        return (
-            f"NVML library and kernel driver versions differ (reboot after a driver update); {off}"
-        )
-    return f"NVML initialisation failed: {exc}; {off}"
-
-
-def _clock_offset_ns(clock_id, tries=5):
-    """(candidate clock minus CLOCK_MONOTONIC, error bound) in ns, best bracket."""
-    best = None
-    for _ in range(tries):
-        a = time.monotonic_ns()
-        c = time.clock_gettime_ns(clock_id)
-        b = time.monotonic_ns()
-        if best is None or b - a < best[1] * 2:
-            best = (c - (a + b) // 2, (b - a + 1) // 2)
-    return best
-
-
-class _Lost(Exception):
-    """The GPU stopped answering (lost, reset required, driver gone)."""
-
-
 class _Gpu:
     """What the probe knows about one device."""
 
@@ -184,7 +69,7 @@ class _Gpu:
         self.depth = {}  # buffer type -> samples in a full read
 
 
-class NvmlGpuProbe(Probe):
+class NvmlGpuProbe(DriverBuffers, Probe):
     """NVML poller plus driver-buffer reader for every (or each named) GPU."""
 
     name = "gpu"
@@ -192,17 +77,16 @@ class NvmlGpuProbe(Probe):
 
     def __init__(self, settings=None):
         super().__init__(settings or ProbeSettings())
-        extra = self.settings.extra or {}
         hz = float(self.settings.gpu_poll_hz or 10.0)
         if hz > MAX_POLL_HZ:
             log.warning("gpu_poll_hz=%s is above the safe maximum; using %s", hz, MAX_POLL_HZ)
             hz = MAX_POLL_HZ
         self.poll_hz = hz
-        self.buffer_poll_s = float(extra.get("gpu_buffer_poll_s", 1.0))
-        self.sync_s = float(extra.get("gpu_sync_s", 10.0))
-        self.batch_s = float(extra.get("gpu_batch_s", 0.5))
-        self.retry_s = float(extra.get("gpu_retry_s", 1.0))
-        self.read_buffers_enabled = bool(extra.get("gpu_buffers", True))
+        self.buffer_poll_s = self.settings.gpu_buffer_poll_s
+        self.sync_s = self.settings.gpu_sync_s
+        self.batch_s = self.settings.gpu_batch_s
+        self.retry_s = self.settings.gpu_retry_s
+        self.read_buffers_enabled = self.settings.gpu_buffers
         self.nv = None
         self.sink = None
         self.gpus = []
@@ -233,7 +117,7 @@ class NvmlGpuProbe(Probe):
     # ----- availability --------------------------------------------------------
     @classmethod
     def unavailable(cls, settings=None):
-        nv, problem = _load_bindings()
+        nv, problem = load_bindings()
         if problem:
             return problem
         try:
@@ -263,18 +147,18 @@ class NvmlGpuProbe(Probe):
     # ----- life cycle ----------------------------------------------------------
     def open(self, sink):
         """Initialise NVML, find the GPUs and calibrate; no thread (tests step it)."""
-        nv, problem = _load_bindings()
+        nv, problem = load_bindings()
         if problem:
-            raise RuntimeError(problem)
+            raise ProbeError(problem)
         try:
             nv.nvmlInit()
         except nv.NVMLError as exc:
-            raise RuntimeError(init_problem(nv, exc)) from None
+            raise ProbeError(init_problem(nv, exc)) from None
         self.nv, self.sink = nv, sink
         try:
             count = nv.nvmlDeviceGetCount()
         except nv.NVMLError as exc:
-            raise RuntimeError(
+            raise ProbeError(
                 f"NVML cannot count GPUs ({exc}); the GPU probe is off, the daemon runs on"
             ) from None
         indices = [int(i) for i in (self.settings.gpus or range(count))]
@@ -283,7 +167,7 @@ class NvmlGpuProbe(Probe):
         for g in self.gpus:
             try:
                 self._attach(g)
-            except _Lost as exc:
+            except GpuLost as exc:
                 self._mark_lost(g, now, str(exc))
         self._open = True
         self._last_flush_ns = now
@@ -384,7 +268,7 @@ class NvmlGpuProbe(Probe):
 
     # ----- devices ---------------------------------------------------------------
     def _call(self, g, field, fn, *args):
-        """fn(*args), or None when the field fails; _Lost when the GPU is gone."""
+        """fn(*args), or None when the field fails; GpuLost when the GPU is gone."""
         if field in g.unsupported:
             return None
         nv = self.nv
@@ -400,7 +284,7 @@ class NvmlGpuProbe(Probe):
                     nv.NVMLError_DriverNotLoaded,
                 ),
             ):
-                raise _Lost(f"{field}: {exc}") from None
+                raise GpuLost(f"{field}: {exc}") from None
             if isinstance(exc, nv.NVMLError_NotSupported):
                 g.unsupported.add(field)
             else:
@@ -412,7 +296,7 @@ class NvmlGpuProbe(Probe):
         try:
             g.handle = nv.nvmlDeviceGetHandleByIndex(g.index)
         except nv.NVMLError as exc:
-            raise _Lost(f"handle: {exc}") from None
+            raise GpuLost(f"handle: {exc}") from None
         g.name = self._call(g, "name", nv.nvmlDeviceGetName, g.handle)
         g.unsupported.clear()
         g.power_instant = None
@@ -437,7 +321,7 @@ class NvmlGpuProbe(Probe):
                 nv.nvmlDeviceGetClockInfo(g.handle, nv.NVML_CLOCK_SM)
             finally:
                 nv.nvmlShutdown()
-        except (nv.NVMLError, _Lost):
+        except (nv.NVMLError, GpuLost):
             return False
         gap_polls = max(1, round((now_ns - g.lost_since_ns) * self.poll_hz / 1e9))
         self.sink.loss(
@@ -462,7 +346,7 @@ class NvmlGpuProbe(Probe):
                     continue
             try:
                 row = self._read(g)
-            except _Lost as exc:
+            except GpuLost as exc:
                 self._mark_lost(g, now, str(exc))
                 continue
             for c in _COLS:
@@ -507,7 +391,7 @@ class NvmlGpuProbe(Probe):
                     row["raw_ts_us"] = int(v.timestamp) if v.timestamp > 0 else None
                     return
                 if v.nvmlReturn in (nv.NVML_ERROR_GPU_IS_LOST, nv.NVML_ERROR_RESET_REQUIRED):
-                    raise _Lost(f"power_instant: {nv.NVMLError(v.nvmlReturn)}")
+                    raise GpuLost(f"power_instant: {nv.NVMLError(v.nvmlReturn)}")
                 if v.nvmlReturn == nv.NVML_ERROR_NOT_SUPPORTED:
                     g.power_instant = False
                 else:
@@ -529,160 +413,14 @@ class NvmlGpuProbe(Probe):
                 # drivers older than 535 only have the throttle-reasons call
                 g.reasons_call = "nvmlDeviceGetCurrentClocksThrottleReasons"
             except nv.NVMLError as exc:
-                return self._call(g, "reasons", _raiser(exc))
+                return self._call(g, "reasons", raiser(exc))
         return self._call(g, "reasons", nv.nvmlDeviceGetCurrentClocksThrottleReasons, g.handle)
-
-    # ----- driver sample buffers ---------------------------------------------------
-    def read_buffers(self):
-        """Drain new samples from each GPU's driver buffers."""
-        self._last_buffer_ns = time.monotonic_ns()
-        nv = self.nv
-        for g in self.gpus:
-            if g.lost_since_ns is not None:
-                continue
-            for stype, column in BUFFER_TYPES:
-                key = f"buffer_{column}"
-                if key in g.unsupported:
-                    continue
-                last = g.last_seen_us.get(stype, 0)
-                t0 = time.monotonic_ns()
-                try:
-                    _vtype, samples = nv.nvmlDeviceGetSamples(g.handle, stype, last)
-                except nv.NVMLError_NotFound:
-                    continue  # no sample newer than `last`: normal
-                except nv.NVMLError as exc:
-                    try:
-                        self._call(g, key, _raiser(exc))
-                    except _Lost as lost:
-                        self._mark_lost(g, t0, str(lost))
-                        break
-                    continue
-                t1 = time.monotonic_ns()
-                fresh = sorted(
-                    (int(s.timeStamp), s.sampleValue) for s in samples if int(s.timeStamp) > last
-                )
-                if not fresh:
-                    continue
-                stamps = [ts for ts, _ in fresh]
-                if len(stamps) > 1:
-                    period = round(statistics.median(b - a for a, b in zip(stamps, stamps[1:])))
-                    if period > 0:
-                        g.period_us[stype] = int(period)
-                if last == 0:
-                    g.depth[stype] = len(samples)
-                    self._fit_buffer_poll(g, stype)
-                period = g.period_us.get(stype)
-                # an overrun is a full buffer that starts after where we left
-                # off; a gap in a partly filled buffer is the driver not
-                # sampling (it may skip while idle), not a loss
-                full = len(samples) >= g.depth.get(stype, float("inf"))
-                if last and period and full and stamps[0] - last > 1.5 * period:
-                    missed = int((stamps[0] - last) / period) - 1
-                    self.counters["buffer_overruns"] += 1
-                    start, end = self._to_mono(last), self._to_mono(stamps[0])
-                    if start is None:  # not calibrated yet: the read's own time
-                        start = end = t0
-                    self.sink.loss(
-                        "gpu", int(start), int(end), missed, f"gpu{g.index}_{column}_buffer_overrun"
-                    )
-                g.last_seen_us[stype] = stamps[-1]
-                self._obs.append((t0, t1, stamps[-1] * 1000, period * 1000 if period else None))
-                for ts, value in fresh:
-                    self._pending_buffer.append((g.index, column, ts, _sample_value(value, _vtype)))
-
-    def _fit_buffer_poll(self, g, stype):
-        """Read the buffer at least twice per its span, so no sample is overwritten."""
-        period, depth = g.period_us.get(stype), g.depth.get(stype)
-        if period and depth:
-            span_s = period * depth / 1e6
-            if span_s / 2 < self.buffer_poll_s:
-                self.buffer_poll_s = max(span_s / 2, 1.0 / self.poll_hz)
-
-    def _to_mono(self, raw_us):
-        if self.sync is None:
-            return None
-        return raw_us * 1000 - self.sync["offset_ns"]
-
-    def calibrate(self):
-        """Fit the driver's sample clock to CLOCK_MONOTONIC from recent reads.
-
-        Each read that returned samples bounds the offset (driver clock minus
-        monotonic): the newest sample existed before the call returned
-        (offset >= raw - t1) and the one after it did not exist when the call
-        began (offset < raw + period - t0). A known clock whose measured
-        offset falls inside those bounds is taken as the driver's clock;
-        otherwise the bounds' midpoint is used."""
-        self._last_sync_ns = now = time.monotonic_ns()
-        if not self._obs:
-            return self.sync
-        lower = max(raw - t1 for t0, t1, raw, p in self._obs)
-        uppers = [raw + p - t0 for t0, t1, raw, p in self._obs if p]
-        upper = min(uppers) if uppers else None
-        slack = max(50_000_000, int(2 * max((p for *_, p in self._obs if p), default=0)))
-        best = None
-        for name, clock_id in CANDIDATE_CLOCKS:
-            offset, err = _clock_offset_ns(clock_id)
-            if offset < lower - slack or (upper is not None and offset > upper + slack):
-                continue
-            mid = lower if upper is None else (lower + upper) // 2
-            if best is None or abs(offset - mid) < abs(best[1] - mid):
-                best = (name, offset, err)
-        if best is not None:
-            clock, offset, err = best
-        elif upper is not None and upper >= lower:
-            clock, offset, err = "envelope", (lower + upper) // 2, (upper - lower + 1) // 2
-        else:
-            # no period known (or the driver publishes late): never place a
-            # sample after the read that returned it
-            clock, offset, err = "envelope", lower, None
-        # integers throughout: the store's batches must keep one column type
-        offset, lower = int(offset), int(lower)
-        err = None if err is None else int(err)
-        upper = None if upper is None else int(upper)
-        self.sync = {
-            "clock": clock,
-            "offset_ns": offset,
-            "err_ns": err,
-            "lower_ns": lower,
-            "upper_ns": upper,
-            "observations": len(self._obs),
-        }
-        self.counters["syncs"] += 1
-        self.sink.append(
-            "nvml_clock_sync",
-            {
-                "ts_ns": [now],
-                "clock": [clock],
-                "offset_ns": [offset],
-                "err_ns": [err],
-                "lower_ns": [lower],
-                "upper_ns": [upper],
-                "observations": [len(self._obs)],
-            },
-        )
-        return self.sync
 
     # ----- output ---------------------------------------------------------------------
     def flush(self):
         """Hand everything queued to the sink as one batch."""
         self._last_flush_ns = time.monotonic_ns()
-        if self._pending_buffer and self.sync is not None:
-            off, err = self.sync["offset_ns"], self.sync["err_ns"]
-            for gpu, column, raw_us, value in self._pending_buffer:
-                row = {
-                    "gpu": gpu,
-                    "source": "buffer",
-                    "raw_ts_us": raw_us,
-                    "ts_ns": raw_us * 1000 - off,
-                    "sync_err_ns": err,
-                    column: value,
-                }
-                if column == "power_mw":
-                    row["power_source"] = "buffer"
-                for c in _COLS:
-                    self._rows[c].append(row.get(c))
-            self.counters["buffer_rows"] += len(self._pending_buffer)
-            self._pending_buffer.clear()
+        self._add_buffer_rows(self._rows, _COLS)
         if not self._rows["gpu"]:
             return
         # plain lists (the store makes Arrow of them; all-NULL columns are
@@ -694,40 +432,9 @@ class NvmlGpuProbe(Probe):
         if self.sink is None:
             return
         log.info("gpu probe %s: %s", state, detail)
-        self.sink.append(
-            "probe_status",
-            {
-                "ts_ns": [time.monotonic_ns()],
-                "probe": [self.name],
-                "backend": [self.backend],
-                "state": [state],
-                "detail": [detail],
-            },
-        )
-
-
-def _raiser(exc):
-    def fn():
-        raise exc
-
-    return fn
+        self.sink.status(self.name, self.backend, state, detail)
 
 
 def _field_value(nv, v):
     """A c_nvmlFieldValue_t's value as an int, by its declared type."""
-    return _sample_value(v.value, v.valueType)
-
-
-def _sample_value(value, vtype):
-    # value types from nvml.h: 0 double, 1 uint, 2 ulong, 3 ulonglong,
-    # 4 slonglong, 5 sint, 6 ushort
-    attr = {
-        0: "dVal",
-        1: "uiVal",
-        2: "ulVal",
-        3: "ullVal",
-        4: "sllVal",
-        5: "siVal",
-        6: "usVal",
-    }.get(int(vtype), "uiVal")
-    return int(getattr(value, attr))
+    return sample_value(v.value, v.valueType)

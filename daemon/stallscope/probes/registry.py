@@ -15,6 +15,11 @@ PROBES = {
         "stallscope.probes.sched_proc:ProcSchedProbe",
     ],
     "gpu": ["stallscope.probes.gpu_nvml:NvmlGpuProbe"],
+    # kernel causes inside a step (docs/kernel-causes.md)
+    "page_faults": ["stallscope.probes.faults_bcc:BccFaultsProbe"],
+    "irq": ["stallscope.probes.irq_bcc:BccIrqProbe"],
+    "steal": ["stallscope.probes.steal_proc:ProcStealProbe"],
+    "syscalls": ["stallscope.probes.syscalls_bcc:BccSyscallsProbe"],
 }
 
 

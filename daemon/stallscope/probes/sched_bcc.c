@@ -1,17 +1,20 @@
 // Scheduling events of tracked processes, paired in the kernel.
 //
 // Loaded by sched_bcc.py with settings as cflags (MAX_TIDS, MAX_TGIDS,
-// RINGBUF_PAGES). Reads ONLY tracepoint fields (bcc builds `args` from the
-// live tracefs format) and BPF helpers: never a task_struct field, because
-// the kernel headers bcc compiles against may not match the running kernel
-// and such reads return garbage silently.
+// RINGBUF_PAGES); record and counter layouts live in sched_bcc.h. Reads ONLY
+// tracepoint fields (bcc builds `args` from the live tracefs format) and BPF
+// helpers: never a task_struct field, because the kernel headers bcc
+// compiles against may not match the running kernel and such reads return
+// garbage silently.
 //
-// One 40-byte record per switch-in of a tracked thread (carrying both the
-// off-CPU interval and the run-queue wait it ends) and one per real
-// migration. Pairing here, keyed by tid, halves the record rate compared to
-// emitting every switch and wakeup and leaves user space a pure decode.
+// One record per switch-in of a tracked thread (carrying the off-CPU
+// interval, the run-queue wait it ends, and who: the task that preempted it
+// or the thread that woke it) and one per real migration. Pairing here,
+// keyed by tid, halves the record rate compared to emitting every switch and
+// wakeup and leaves user space a pure decode.
 
 #include <uapi/linux/ptrace.h>
+#include "sched_bcc.h"
 
 #ifndef MAX_TIDS
 #define MAX_TIDS 65536
@@ -31,28 +34,6 @@
 // this probe runs). We only observe, so we always pass events on.
 #define KEEP_PERF_EVENT 1
 
-#define KIND_SWITCH_IN 1
-#define KIND_MIGRATE 2
-
-#define CNT_RESERVE_FAILED 0
-#define CNT_STATE_FULL 1
-#define CNT_LOST_IN_PREEMPTED 2   // switch-in never seen: preempted interval lost
-#define CNT_LOST_IN_VOLUNTARY 3   // same, for an interval after a voluntary switch
-
-// Layout mirrored by RECORD_DTYPE in sched_bcc.py.
-struct record {
-    u64 a_ns;        // switch-in: switched out at (0 = not seen); migrate: ts
-    u64 b_ns;        // switch-in: became runnable at (0 = no run-queue wait seen)
-    u64 c_ns;        // switch-in: switched in at
-    u32 pid;         // tgid
-    u32 tid;
-    u16 cpu_a;       // switch-in: CPU it left; migrate: from
-    u16 cpu_b;       // switch-in: CPU it runs on; migrate: to
-    u8 kind;
-    u8 preempted;    // switch-in: the switch-out was involuntary
-    u16 pad;
-};
-
 // Per tracked thread: the pending switch-out and run-queue entry.
 struct tstate {
     u64 off_ns;
@@ -60,12 +41,16 @@ struct tstate {
     u32 pid;
     u16 cpu;
     u8 preempted;
-    u8 pad;
+    u8 other_irq;    // woken from interrupt context
     // switch-outs seen, for user space to compare with the kernel's own
     // nvcsw/nivcsw (/proc status): a tracepoint run the kernel drops
     // without counting it as a BPF miss shows up as a difference
     u32 n_vol;
     u32 n_inv;
+    // who: the preemptor (set at the switch-out) or the waker (sched_waking)
+    u32 other_tid;
+    u32 other_pid;
+    char other_comm[COMM_LEN];
 };
 
 BPF_HASH(tracked, u32, u8, MAX_TGIDS);        // tgids to follow (user space)
@@ -74,19 +59,33 @@ BPF_HASH(state, u32, struct tstate, MAX_TIDS);
 // Mmapped by user space, which reads it without a bpf() syscall: map
 // syscalls raise the CPU's bpf_prog_active for their duration, and a
 // tracepoint program that fires on that CPU meanwhile is skipped.
-BPF_F_TABLE("array", u32, u64, counters, 8, BPF_F_MMAPABLE);
+BPF_F_TABLE("array", u32, struct counters, counters, 1, BPF_F_MMAPABLE);
 BPF_RINGBUF_OUTPUT(events, RINGBUF_PAGES);
+// Never written: its value type tells user space the compiled record layout.
+BPF_ARRAY(layout_record, struct record, 1);
+// Per CPU: how deep in interrupt context (hard IRQ, softirq, hrtimer
+// callback) the CPU is, so a wakeup there is not blamed on the task it
+// interrupted. Tracepoints give no in_interrupt(); entry/exit pairs do.
+BPF_PERCPU_ARRAY(irq_depth, u32, 1);
 
-static __always_inline void count(u32 idx)
+static __always_inline struct counters *counters_ptr(void)
 {
-    counters.atomic_increment(idx);
+    u32 zero = 0;
+    return counters.lookup(&zero);
 }
+
+#define COUNT(field)                                    \
+    do {                                                \
+        struct counters *c_ = counters_ptr();           \
+        if (c_)                                         \
+            __sync_fetch_and_add(&c_->field, 1);        \
+    } while (0)
 
 static __always_inline void emit(struct record *r)
 {
     struct record *e = events.ringbuf_reserve(sizeof(struct record));
     if (!e) {
-        count(CNT_RESERVE_FAILED);
+        COUNT(reserve_failed);
         return;
     }
     __builtin_memcpy(e, r, sizeof(*r));
@@ -113,7 +112,7 @@ static __always_inline void runnable(u32 tid)
     init.rq_ns = now;
     init.pid = *tgid;
     if (state.update(&tid, &init))
-        count(CNT_STATE_FULL);
+        COUNT(state_full);
 }
 
 TRACEPOINT_PROBE(sched, sched_switch)
@@ -125,6 +124,14 @@ TRACEPOINT_PROBE(sched, sched_switch)
     // At sched_switch the current task is still prev, so this is prev's tgid.
     u32 prev_tgid = bpf_get_current_pid_tgid() >> 32;
     u32 prev_tid = args->prev_pid;
+    u32 next_tid = args->next_pid;
+
+    // Nobody schedules from interrupt context: a depth left over from an
+    // exit the kernel did not report must not outlive this switch.
+    u32 zero = 0;
+    u32 *depth = irq_depth.lookup(&zero);
+    if (depth && *depth)
+        *depth = 0;
 
     // Exiting threads (X or Z in prev_state) switch out one last time after
     // sched_process_exit: forget them instead of keeping a stale entry.
@@ -143,40 +150,49 @@ TRACEPOINT_PROBE(sched, sched_switch)
         now = bpf_ktime_get_ns();
         cpu = bpf_get_smp_processor_id();
         struct tstate *s = state.lookup(&prev_tid);
-        if (s) {
+        if (!s) {
+            struct tstate init = {};
+            init.pid = prev_tgid;
+            if (state.update(&prev_tid, &init))
+                COUNT(state_full);
+            // A thread we first meet here (a race with track()'s /proc scan)
+            // must also be known to the wakeup and migration probes.
+            tid_tgid.update(&prev_tid, &prev_tgid);
+            s = state.lookup(&prev_tid);
+        } else if (s->off_ns) {
             // A switch-out while the last one is still unpaired means the
             // kernel dropped a run of this program at the switch-in (seen
             // under concurrent tracing, not counted as a BPF miss): the
             // pending interval is lost; count it by kind.
-            if (s->off_ns)
-                count(s->preempted ? CNT_LOST_IN_PREEMPTED : CNT_LOST_IN_VOLUNTARY);
+            if (s->preempted)
+                COUNT(lost_in_preempted);
+            else
+                COUNT(lost_in_voluntary);
+        }
+        if (s) {
             s->off_ns = now;
             s->cpu = cpu;
             s->preempted = preempted;
             s->pid = prev_tgid;
             s->rq_ns = preempted ? now : 0;
-            if (preempted)
+            s->other_irq = 0;
+            if (preempted) {
                 s->n_inv++;
-            else
+                // The preemptor is the task switched in now. Its tgid is known
+                // here only if it is a thread we follow; otherwise it is filled
+                // in at our switch-in if it is then the task leaving the CPU.
+                s->other_tid = next_tid;
+                u32 *ptgid = tid_tgid.lookup(&next_tid);
+                s->other_pid = ptgid ? *ptgid : 0;
+                __builtin_memcpy(s->other_comm, args->next_comm, COMM_LEN);
+            } else {
                 s->n_vol++;
-        } else {
-            struct tstate init = {};
-            init.off_ns = now;
-            init.cpu = cpu;
-            init.preempted = preempted;
-            init.pid = prev_tgid;
-            init.rq_ns = preempted ? now : 0;
-            init.n_inv = preempted;
-            init.n_vol = !preempted;
-            if (state.update(&prev_tid, &init))
-                count(CNT_STATE_FULL);
-            // A thread we first meet here (a race with track()'s /proc scan)
-            // must also be known to the wakeup and migration probes.
-            tid_tgid.update(&prev_tid, &prev_tgid);
+                s->other_tid = 0;
+                s->other_pid = 0;
+            }
         }
     }
 
-    u32 next_tid = args->next_pid;
     struct tstate *n = state.lookup(&next_tid);
     if (!n)
         return KEEP_PERF_EVENT;
@@ -202,11 +218,70 @@ TRACEPOINT_PROBE(sched, sched_switch)
     r.cpu_b = cpu;
     r.kind = KIND_SWITCH_IN;
     r.preempted = n->preempted;
+    r.other_irq = n->other_irq;
+    r.other_tid = n->other_tid;
+    r.other_pid = n->other_pid;
+    // Often the preemptor is the very task handing the CPU back: then its
+    // tgid is the current one.
+    if (n->preempted && !r.other_pid && r.other_tid && r.other_tid == prev_tid)
+        r.other_pid = prev_tgid;
+    __builtin_memcpy(r.other_comm, n->other_comm, COMM_LEN);
     n->off_ns = 0;
     n->rq_ns = 0;
+    n->other_tid = 0;
+    n->other_pid = 0;
+    n->other_irq = 0;
     emit(&r);
     return KEEP_PERF_EVENT;
 }
+
+// Runs in the waker's context (try_to_wake_up, before the task is queued),
+// and only for a task that really sleeps (ttwu_state_match). The first
+// wakeup of a blocked interval names the waker: the current thread, unless
+// the CPU is in interrupt context (a device IRQ, a softirq such as network
+// receive or timers, an hrtimer callback such as a sleep or futex timeout)
+// or idle (pid 0): then no thread woke it and other_irq says so.
+TRACEPOINT_PROBE(sched, sched_waking)
+{
+    u32 tid = args->pid;
+    struct tstate *s = state.lookup(&tid);
+    if (!s || !s->off_ns || s->preempted || s->other_tid || s->other_irq)
+        return KEEP_PERF_EVENT;
+    u64 id = bpf_get_current_pid_tgid();
+    u32 zero = 0;
+    u32 *depth = irq_depth.lookup(&zero);
+    if ((u32)id == 0 || (depth && *depth)) {
+        s->other_irq = 1;
+        return KEEP_PERF_EVENT;
+    }
+    s->other_pid = id >> 32;
+    bpf_get_current_comm(&s->other_comm, sizeof(s->other_comm));
+    s->other_tid = (u32)id;
+    return KEEP_PERF_EVENT;
+}
+
+static __always_inline void irq_enter(void)
+{
+    u32 zero = 0;
+    u32 *depth = irq_depth.lookup(&zero);
+    if (depth)
+        *depth += 1;
+}
+
+static __always_inline void irq_leave(void)
+{
+    u32 zero = 0;
+    u32 *depth = irq_depth.lookup(&zero);
+    if (depth && *depth)
+        *depth -= 1;
+}
+
+TRACEPOINT_PROBE(irq, irq_handler_entry) { irq_enter(); return KEEP_PERF_EVENT; }
+TRACEPOINT_PROBE(irq, irq_handler_exit) { irq_leave(); return KEEP_PERF_EVENT; }
+TRACEPOINT_PROBE(irq, softirq_entry) { irq_enter(); return KEEP_PERF_EVENT; }
+TRACEPOINT_PROBE(irq, softirq_exit) { irq_leave(); return KEEP_PERF_EVENT; }
+TRACEPOINT_PROBE(timer, hrtimer_expire_entry) { irq_enter(); return KEEP_PERF_EVENT; }
+TRACEPOINT_PROBE(timer, hrtimer_expire_exit) { irq_leave(); return KEEP_PERF_EVENT; }
 
 TRACEPOINT_PROBE(sched, sched_wakeup)
 {

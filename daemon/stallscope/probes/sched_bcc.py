@@ -12,71 +12,56 @@ kernel) and never call into Python per event.
 """
 
 import logging
-import mmap
 import os
-import struct
 import threading
 import time
 
 import numpy as np
 
+from stallscope.probes import bpf_common
 from stallscope.probes.base import Probe
+from stallscope.probes.sched_resolve import TgidResolver, who_columns
 
 log = logging.getLogger("stallscope.probes.sched_bcc")
 
-TRACEFS = "/sys/kernel/tracing"
-BPF_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sched_bcc.c")
-PAGE_SIZE = mmap.PAGESIZE
-
-KIND_SWITCH_IN = 1
-KIND_MIGRATE = 2
-CNT_RESERVE_FAILED = 0
-CNT_STATE_FULL = 1
-CNT_LOST_IN_PREEMPTED = 2
-CNT_LOST_IN_VOLUNTARY = 3
-
-# `struct record` in sched_bcc.c, preceded by the ring buffer's 8-byte header.
-RECORD_DTYPE = np.dtype(
-    [
-        ("hdr_len", "<u4"),
-        ("hdr_pgoff", "<u4"),
-        ("a_ns", "<u8"),
-        ("b_ns", "<u8"),
-        ("c_ns", "<u8"),
-        ("pid", "<u4"),
-        ("tid", "<u4"),
-        ("cpu_a", "<u2"),
-        ("cpu_b", "<u2"),
-        ("kind", "u1"),
-        ("preempted", "u1"),
-        ("pad", "<u2"),
-    ]
+TRACEFS = bpf_common.TRACEFS
+TRACEPOINTS = (
+    "sched:sched_switch",
+    "sched:sched_waking",
+    "sched:sched_wakeup",
+    "sched:sched_wakeup_new",
+    "sched:sched_migrate_task",
+    "sched:sched_process_exit",
+    "task:task_newtask",
+    "irq:irq_handler_entry",
+    "irq:irq_handler_exit",
+    "irq:softirq_entry",
+    "irq:softirq_exit",
+    "timer:hrtimer_expire_entry",
+    "timer:hrtimer_expire_exit",
 )
-RECORD_LEN = RECORD_DTYPE.itemsize - 8  # what the program reserves
-RINGBUF_BUSY_BIT = 1 << 31
-RINGBUF_DISCARD_BIT = 1 << 30
-
-CAP_PERFMON = 38
-CAP_BPF = 39
-CAP_SYS_ADMIN = 21
-
-
-def _effective_caps():
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("CapEff:"):
-                    return int(line.split()[1], 16)
-    except OSError:
-        pass
-    return 0
+# Record kinds, read from the header (values, not layout: no map shows them).
+_KINDS = bpf_common.header_defines("sched_bcc.h", "KIND_")
+KIND_SWITCH_IN = _KINDS["KIND_SWITCH_IN"]
+KIND_MIGRATE = _KINDS["KIND_MIGRATE"]
+RECORD_FIELDS = (
+    "a_ns", "b_ns", "c_ns", "pid", "tid", "cpu_a", "cpu_b", "kind", "preempted",
+    "other_irq", "other_tid", "other_pid", "other_comm",
+)  # fmt: skip
+LOSS_REASONS = {
+    "reserve_failed": "ring buffer full: records dropped in the kernel "
+    "(raise sched_ring_pages or lower sched_poll_ms)",
+    "state_full": "per-thread state map full: intervals lost (raise sched_max_tids)",
+    "lost_in_preempted": "switch-in not reported by the kernel: one preempted "
+    "off-CPU interval lost",
+    "lost_in_voluntary": "switch-in not reported by the kernel: one blocked off-CPU interval lost",
+    "recursion_misses": "tracepoint runs skipped by the kernel while another BPF "
+    "program ran on the CPU: events of unknown kind lost",
+}
 
 
 def _has_bpf_privileges():
-    caps = _effective_caps()
-    if os.geteuid() == 0 and caps & (1 << CAP_SYS_ADMIN):
-        return True
-    return bool(caps & (1 << CAP_BPF)) and bool(caps & (1 << CAP_PERFMON))
+    return bpf_common.has_bpf_privileges()
 
 
 class BccSchedProbe(Probe):
@@ -87,40 +72,18 @@ class BccSchedProbe(Probe):
 
     @classmethod
     def unavailable(cls, settings=None):
-        if not _has_bpf_privileges():
-            return (
-                "needs root or CAP_BPF+CAP_PERFMON (plus CAP_DAC_READ_SEARCH "
-                "for tracefs): run the daemon as root or grant them in its unit"
-            )
-        try:
-            import bcc  # noqa: F401
-        except ImportError:
-            return (
-                "bcc not installed: apt-get install python3-bpfcc, then "
-                "scripts/bootstrap.sh links it into the venv"
-            )
-        if not os.path.exists(f"{TRACEFS}/events/sched/sched_switch/format"):
-            return f"tracefs not mounted at {TRACEFS}: mount -t tracefs tracefs {TRACEFS}"
-        if not os.path.exists(f"{TRACEFS}/events/task/task_newtask/format"):
-            return "kernel lacks the task:task_newtask tracepoint (needs Linux >= 3.9)"
-        release = os.uname().release
-        if not os.path.exists(f"/lib/modules/{release}/build/include"):
-            return (
-                f"kernel headers missing: apt-get install linux-headers-{release} "
-                f"(or scripts/bootstrap.sh links the nearest headers as "
-                f"/lib/modules/{release}/build)"
-            )
-        return None
+        return bpf_common.bcc_unavailable(
+            TRACEPOINTS, tracefs=TRACEFS, privileged=_has_bpf_privileges()
+        )
 
     def __init__(self, settings=None):
         super().__init__(settings)
-        extra = self.settings.extra
-        self.max_tids = int(extra.get("sched_max_tids", 65536))
-        self.max_tgids = int(extra.get("sched_max_tgids", 4096))
+        self.max_tids = int(self.settings.sched_max_tids)
+        self.max_tgids = int(self.settings.sched_max_tgids)
         # ring size in pages, a power of two; 4 MiB holds ~87k records, i.e.
         # 0.4 s of 200k events/s between two polls.
-        self.ring_pages = int(extra.get("sched_ring_pages", 1024))
-        self.poll_s = float(extra.get("sched_poll_ms", 20)) / 1000.0
+        self.ring_pages = int(self.settings.sched_ring_pages)
+        self.poll_s = self.settings.sched_poll_ms / 1000.0
         self.proc_root = self.settings.proc_root
         self._bpf = None
         self._sink = None
@@ -130,13 +93,15 @@ class BccSchedProbe(Probe):
         self._tracked = set()
         self._records = 0
         self._rows = {"offcpu": 0, "runq": 0, "migrations": 0}
-        self._lost_seen = [0, 0, 0, 0, 0]
+        self._lost_seen = dict.fromkeys(LOSS_REASONS, 0)
         self._lost_since_ns = time.monotonic_ns()
         self._reader_cpu_ns = 0
         self._drains = 0
         self._started_ns = 0
-        self._data = None
-        self.verify_s = float(extra.get("sched_verify_ms", 1000)) / 1000.0
+        self._ring = None
+        self._counters = None
+        self._resolver = TgidResolver(self.proc_root)
+        self.verify_s = self.settings.sched_verify_ms / 1000.0
         self._verify_base = {}  # (pid, tid) -> (proc_vol, proc_inv, bpf_vol, bpf_inv)
         self._unseen = {}  # tid -> [vol, inv] switch-outs the kernel made, we did not see
         self._last_verify = 0.0
@@ -144,8 +109,6 @@ class BccSchedProbe(Probe):
     # -- lifecycle -------------------------------------------------------------
 
     def start(self, sink):
-        from bcc import BPF
-
         if self._bpf is not None:
             return
         pages = self.ring_pages
@@ -156,13 +119,22 @@ class BccSchedProbe(Probe):
             f"-DMAX_TGIDS={self.max_tgids}",
             f"-DRINGBUF_PAGES={pages}",
         ]
-        self._bpf = BPF(src_file=BPF_SOURCE.encode(), cflags=cflags)
+        self._bpf = bpf_common.compile_program("sched_bcc.c", cflags)
+        try:
+            record = bpf_common.map_value_dtype(self._bpf, "layout_record")
+            bpf_common.require_fields(record, RECORD_FIELDS, "sched_bcc.h struct record")
+            self._ring = bpf_common.RingReader(
+                self._bpf, "events", bpf_common.ring_record_dtype(record), pages
+            )
+            self._counters = bpf_common.Counters(self._bpf)
+            bpf_common.require_fields(
+                self._counters.dtype, list(LOSS_REASONS)[:-1], "sched_bcc.h struct counters"
+            )
+        except Exception:
+            self._bpf.cleanup()
+            self._bpf = None
+            raise
         self._sink = sink
-        self._map_ring(self._bpf[b"events"].map_fd, pages * PAGE_SIZE)
-        self._counter_map = mmap.mmap(
-            self._bpf[b"counters"].map_fd, PAGE_SIZE, mmap.MAP_SHARED, mmap.PROT_READ
-        )
-        self._counter_view = np.frombuffer(self._counter_map, dtype=np.uint64, count=8)
         self._started_ns = time.monotonic_ns()
         self._lost_since_ns = self._started_ns
         for pid in list(self._tracked):
@@ -174,7 +146,7 @@ class BccSchedProbe(Probe):
         self._thread.start()
         log.info(
             "sched probe: bcc backend loaded (ring %d KiB, poll %.0f ms)",
-            pages * PAGE_SIZE // 1024,
+            pages * bpf_common.PAGE_SIZE // 1024,
             self.poll_s * 1000,
         )
 
@@ -187,7 +159,10 @@ class BccSchedProbe(Probe):
             self._thread = None
         self.drain()
         self._check_losses()
-        self._unmap_ring()
+        with self._lock:
+            self._ring.close()
+            self._counters.close()
+            self._ring = None
         self._bpf.cleanup()
         self._bpf = None
 
@@ -241,27 +216,6 @@ class BccSchedProbe(Probe):
 
     # -- reading the ring ------------------------------------------------------
 
-    def _map_ring(self, fd, data_size):
-        # Layout of a BPF ring buffer map (kernel/bpf/ringbuf.c): page 0 is the
-        # consumer position (ours to write), page 1 the producer position, then
-        # the data area mapped twice in a row so a record that wraps around
-        # reads as one contiguous slice.
-        self._data_size = data_size
-        self._mask = data_size - 1
-        self._cons_map = mmap.mmap(
-            fd, PAGE_SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE, offset=0
-        )
-        self._prod_map = mmap.mmap(
-            fd, PAGE_SIZE + 2 * data_size, mmap.MAP_SHARED, mmap.PROT_READ, offset=PAGE_SIZE
-        )
-        self._data = np.frombuffer(self._prod_map, dtype=np.uint8)
-
-    def _unmap_ring(self):
-        self._data = None
-        self._counter_view = None
-        for m in (self._cons_map, self._prod_map, self._counter_map):
-            m.close()
-
     def _reader(self):
         t_cpu = time.thread_time_ns()
         while not self._stop.wait(self.poll_s):
@@ -279,48 +233,14 @@ class BccSchedProbe(Probe):
     def drain(self):
         """Decode and hand to the sink everything committed so far; returns records."""
         with self._lock:
-            if self._bpf is None and self._data is None:
+            if self._ring is None:
                 return 0
-            total = 0
-            while True:
-                n = self._drain_once()
-                total += n
-                if n == 0:
-                    break
+            recs = self._ring.read()
             self._drains += 1
-            return total
-
-    def _drain_once(self):
-        cons = struct.unpack_from("<Q", self._cons_map, 0)[0]
-        prod = struct.unpack_from("<Q", self._prod_map, 0)[0]
-        avail = prod - cons
-        if avail <= 0:
-            return 0
-        avail = min(avail, self._data_size)
-        n = avail // RECORD_DTYPE.itemsize
-        if n == 0:
-            return 0
-        start = PAGE_SIZE + (cons & self._mask)
-        raw = np.frombuffer(self._data, dtype=RECORD_DTYPE, count=n, offset=start)
-        hdr = raw["hdr_len"]
-        busy = np.flatnonzero(hdr & RINGBUF_BUSY_BIT)
-        if busy.size:
-            n = int(busy[0])
-            if n == 0:
-                return 0
-        # copy before releasing the space back to the kernel
-        recs = raw[:n].copy()
-        lens = recs["hdr_len"] & ~np.uint32(RINGBUF_BUSY_BIT | RINGBUF_DISCARD_BIT)
-        if np.any(lens != RECORD_LEN):
-            # Only our program writes this ring, always RECORD_LEN bytes.
-            raise RuntimeError("sched ring buffer holds a record of unexpected size")
-        struct.pack_into("<Q", self._cons_map, 0, cons + n * RECORD_DTYPE.itemsize)
-        keep = (recs["hdr_len"] & np.uint32(RINGBUF_DISCARD_BIT)) == 0
-        if not keep.all():
-            recs = recs[keep]
-        self._records += len(recs)
-        self._emit(recs)
-        return n
+            if len(recs):
+                self._records += len(recs)
+                self._emit(recs)
+            return len(recs)
 
     def _emit(self, recs):
         sink = self._sink
@@ -337,6 +257,7 @@ class BccSchedProbe(Probe):
                         "end_ns": off["c_ns"].astype(np.int64),
                         "preempted": off["preempted"].astype(bool),
                         "cpu": off["cpu_a"].astype(np.int16),
+                        **who_columns(off, self._resolver),
                     },
                 )
                 self._rows["offcpu"] += len(off)
@@ -367,57 +288,22 @@ class BccSchedProbe(Probe):
             )
             self._rows["migrations"] += len(mig)
 
-    def _counters(self):
-        c = self._counter_view
-        return [
-            int(c[i])
-            for i in (
-                CNT_RESERVE_FAILED,
-                CNT_STATE_FULL,
-                CNT_LOST_IN_PREEMPTED,
-                CNT_LOST_IN_VOLUNTARY,
-            )
-        ]
-
     def program_stats(self):
-        """Per program: run_cnt, run_time_ns (both 0 unless sysctl
-        kernel.bpf_stats_enabled=1) and recursion_misses (runs the kernel
-        skipped because another BPF program was running on that CPU)."""
-        out = {}
-        for name, fn in self._bpf.funcs.items():
-            stats = {}
-            try:
-                with open(f"/proc/self/fdinfo/{fn.fd}") as f:
-                    for line in f:
-                        key, _, value = line.partition(":")
-                        if key in ("run_cnt", "run_time_ns", "recursion_misses"):
-                            stats[key] = int(value)
-            except OSError:
-                continue
-            short = name.decode().rsplit("__", 1)[-1]
-            out[short] = stats
-        return out
+        return bpf_common.program_stats(self._bpf)
 
     def _check_losses(self):
         if self._bpf is None:
             return
         now = time.monotonic_ns()
-        counts = self._counters()
-        counts.append(sum(s.get("recursion_misses", 0) for s in self.program_stats().values()))
-        reasons = (
-            "ring buffer full: records dropped in the kernel "
-            "(raise sched_ring_pages or lower sched_poll_ms)",
-            "per-thread state map full: intervals lost (raise sched_max_tids)",
-            "switch-in not reported by the kernel: one preempted off-CPU interval lost",
-            "switch-in not reported by the kernel: one blocked off-CPU interval lost",
-            "tracepoint runs skipped by the kernel while another BPF program "
-            "ran on the CPU: events of unknown kind lost",
+        counts = self._counters.read()
+        counts["recursion_misses"] = sum(
+            s.get("recursion_misses", 0) for s in self.program_stats().values()
         )
-        for i, reason in enumerate(reasons):
-            delta = counts[i] - self._lost_seen[i]
+        for key, reason in LOSS_REASONS.items():
+            delta = counts[key] - self._lost_seen[key]
             if delta > 0:
                 self._sink.loss("sched", self._lost_since_ns, now, int(delta), reason)
-                self._lost_seen[i] = counts[i]
+                self._lost_seen[key] = counts[key]
         self._lost_since_ns = now
 
     def verify(self):
@@ -487,13 +373,17 @@ class BccSchedProbe(Probe):
             "tracked": sorted(self._tracked),
             "records": self._records,
             "rows": dict(self._rows),
-            "lost_reserve": self._lost_seen[0],
-            "lost_state_full": self._lost_seen[1],
-            "lost_switch_in": (self._lost_seen[2], self._lost_seen[3]),  # preempted, voluntary
-            "lost_recursion": self._lost_seen[4],
+            "lost_reserve": self._lost_seen["reserve_failed"],
+            "lost_state_full": self._lost_seen["state_full"],
+            # preempted, voluntary
+            "lost_switch_in": (
+                self._lost_seen["lost_in_preempted"],
+                self._lost_seen["lost_in_voluntary"],
+            ),
+            "lost_recursion": self._lost_seen["recursion_misses"],
             "reader_cpu_ns": self._reader_cpu_ns,
             "drains": self._drains,
             "unseen": {tid: tuple(v) for tid, v in self._unseen.items()},
             "poll_ms": self.poll_s * 1000,
-            "ring_bytes": self.ring_pages * PAGE_SIZE,
+            "ring_bytes": self.ring_pages * bpf_common.PAGE_SIZE,
         }

@@ -11,181 +11,54 @@ counter for exact totals. All events of a CPU write into one mmapped ring
 (PERF_EVENT_IOC_SET_OUTPUT). A reader thread drains the rings every
 `sched_poll_ms`, merges them in time order and pairs switch-out/switch-in
 per thread in user space. Threads born later are found by rescanning
-/proc/PID/task; their first wakeup before that rescan is not seen. It must
-never leave an event open after `stop()` or `untrack()`.
+/proc/PID/task; their first wakeup before that rescan is not seen. The
+syscall, struct and ring code is in perf_events.py. It must never leave an
+event open after `stop()` or `untrack()`.
 """
 
 import ctypes as ct
 import errno
 import logging
-import mmap
 import os
 import struct
 import threading
 import time
 
 from stallscope.probes.base import Probe
+from stallscope.probes.perf_events import (
+    CLOCK_MONOTONIC,
+    CONTEXT_SWITCH,
+    PERF_COUNT_SW_CPU_MIGRATIONS,
+    PERF_COUNT_SW_DUMMY,
+    PERF_EVENT_IOC_SET_FILTER,
+    PERF_EVENT_IOC_SET_OUTPUT,
+    PERF_RECORD_LOST,
+    PERF_RECORD_MISC_SWITCH_OUT,
+    PERF_RECORD_MISC_SWITCH_OUT_PREEMPT,
+    PERF_RECORD_SAMPLE,
+    PERF_RECORD_SWITCH,
+    PERF_SAMPLE_CPU,
+    PERF_SAMPLE_RAW,
+    PERF_SAMPLE_TID,
+    PERF_SAMPLE_TIME,
+    PERF_TYPE_SOFTWARE,
+    PERF_TYPE_TRACEPOINT,
+    SAMPLE_ID_ALL,
+    TRACEFS,
+    USE_CLOCKID,
+    PerfEventAttr,
+    Ring,
+    ioctl,
+    online_cpus,
+    perf_event_open,
+    tracepoint,
+    tracepoints_deliver,
+)
 
 log = logging.getLogger("stallscope.probes.sched_perf")
 
-TRACEFS = "/sys/kernel/tracing"
-NR_PERF_EVENT_OPEN = {"x86_64": 298, "aarch64": 241}.get(os.uname().machine, 298)
-
-PERF_TYPE_SOFTWARE = 1
-PERF_TYPE_TRACEPOINT = 2
-PERF_COUNT_SW_CPU_MIGRATIONS = 4
-PERF_COUNT_SW_DUMMY = 9
-PERF_SAMPLE_TID = 1 << 1
-PERF_SAMPLE_TIME = 1 << 2
-PERF_SAMPLE_CPU = 1 << 7
-PERF_SAMPLE_RAW = 1 << 10
-PERF_FLAG_FD_CLOEXEC = 1 << 3
-# attr flag bits
-SAMPLE_ID_ALL = 1 << 18
-USE_CLOCKID = 1 << 25
-CONTEXT_SWITCH = 1 << 26
-CLOCK_MONOTONIC = 1
-
-PERF_RECORD_LOST = 2
-PERF_RECORD_SAMPLE = 9
-PERF_RECORD_SWITCH = 14
-PERF_RECORD_MISC_SWITCH_OUT = 1 << 13
-PERF_RECORD_MISC_SWITCH_OUT_PREEMPT = 1 << 14
-
-PERF_EVENT_IOC_SET_OUTPUT = 0x2405
-PERF_EVENT_IOC_SET_FILTER = 0x40082406
-
 RING_DATA_PAGES = 256  # per CPU, a power of two: 1 MiB
 HOLDBACK_NS = 2_000_000  # records newer than this may still be in flight on another CPU
-
-
-class PerfEventAttr(ct.Structure):
-    _fields_ = [
-        ("type", ct.c_uint32),
-        ("size", ct.c_uint32),
-        ("config", ct.c_uint64),
-        ("sample_period", ct.c_uint64),
-        ("sample_type", ct.c_uint64),
-        ("read_format", ct.c_uint64),
-        ("flags", ct.c_uint64),
-        ("wakeup_events", ct.c_uint32),
-        ("bp_type", ct.c_uint32),
-        ("config1", ct.c_uint64),
-        ("config2", ct.c_uint64),
-        ("branch_sample_type", ct.c_uint64),
-        ("sample_regs_user", ct.c_uint64),
-        ("sample_stack_user", ct.c_uint32),
-        ("clockid", ct.c_int32),
-        ("sample_regs_intr", ct.c_uint64),
-        ("aux_watermark", ct.c_uint32),
-        ("sample_max_stack", ct.c_uint16),
-        ("reserved_2", ct.c_uint16),
-        ("aux_sample_size", ct.c_uint32),
-        ("reserved_3", ct.c_uint32),
-        ("sig_data", ct.c_uint64),
-    ]
-
-
-_libc = ct.CDLL(None, use_errno=True)
-_libc.syscall.restype = ct.c_long
-
-
-def perf_event_open(attr, pid, cpu, group_fd=-1, flags=PERF_FLAG_FD_CLOEXEC):
-    attr.size = ct.sizeof(PerfEventAttr)
-    fd = _libc.syscall(NR_PERF_EVENT_OPEN, ct.byref(attr), pid, cpu, group_fd, flags)
-    if fd < 0:
-        err = ct.get_errno()
-        raise OSError(err, os.strerror(err))
-    return fd
-
-
-def _ioctl(fd, request, arg):
-    if _libc.ioctl(fd, ct.c_ulong(request), arg) < 0:
-        err = ct.get_errno()
-        raise OSError(err, os.strerror(err))
-
-
-def _tracepoint(name):
-    """(id, {field: (offset, size)}) of a tracepoint, from its tracefs format file."""
-    path = f"{TRACEFS}/events/sched/{name}"
-    with open(f"{path}/id") as f:
-        tp_id = int(f.read())
-    fields = {}
-    with open(f"{path}/format") as f:
-        for line in f:
-            line = line.strip()
-            if not line.startswith("field:"):
-                continue
-            parts = dict(p.strip().split(":", 1) for p in line.split(";") if ":" in p)
-            fname = parts["field"].split()[-1].split("[")[0]
-            fields[fname] = (int(parts["offset"]), int(parts["size"]))
-    return tp_id, fields
-
-
-def _tracepoints_deliver():
-    """Count sched_switch for this thread across a few sleeps: 0 means suppressed.
-
-    perf_trace_run_bpf_submit() drops a tracepoint's perf events whenever
-    BPF programs attached to it return 0, so another tracer can silence
-    this backend without any error."""
-    try:
-        tp_id, _ = _tracepoint("sched_switch")
-        fd = perf_event_open(PerfEventAttr(type=PERF_TYPE_TRACEPOINT, config=tp_id), 0, -1)
-    except OSError:
-        return False
-    try:
-        for _ in range(3):
-            time.sleep(0.001)
-        return struct.unpack("<Q", os.read(fd, 8))[0] > 0
-    finally:
-        os.close(fd)
-
-
-def _online_cpus():
-    """CPU numbers from /sys/devices/system/cpu/online ("0-3,6")."""
-    try:
-        with open("/sys/devices/system/cpu/online") as f:
-            text = f.read().strip()
-    except OSError:
-        return list(range(os.cpu_count()))
-    cpus = []
-    for part in text.split(","):
-        lo, _, hi = part.partition("-")
-        cpus.extend(range(int(lo), int(hi or lo) + 1))
-    return cpus
-
-
-class _Ring:
-    """One CPU's mmapped perf ring (all events of that CPU write here)."""
-
-    def __init__(self, fd, data_pages):
-        self.fd = fd
-        self.page = mmap.PAGESIZE
-        self.size = data_pages * self.page
-        self.map = mmap.mmap(
-            fd, self.page + self.size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE
-        )
-
-    def read(self):
-        """All bytes between data_tail and data_head; advances data_tail."""
-        head = struct.unpack_from("<Q", self.map, 1024)[0]
-        tail = struct.unpack_from("<Q", self.map, 1032)[0]
-        if head == tail:
-            return b""
-        start = self.page + tail % self.size
-        n = head - tail
-        end = start + n
-        if end <= self.page + self.size:
-            data = bytes(self.map[start:end])
-        else:
-            first = self.page + self.size - start
-            data = bytes(self.map[start:]) + bytes(self.map[self.page : self.page + n - first])
-        struct.pack_into("<Q", self.map, 1032, head)
-        return data
-
-    def close(self):
-        self.map.close()
-        os.close(self.fd)
 
 
 class PerfSchedProbe(Probe):
@@ -210,7 +83,7 @@ class PerfSchedProbe(Probe):
             if exc.errno == errno.ENOSYS:
                 return "kernel built without perf events (CONFIG_PERF_EVENTS)"
             return f"perf_event_open failed: {exc.strerror}"
-        if not _tracepoints_deliver():
+        if not tracepoints_deliver():
             return (
                 "perf gets no sched tracepoint events: a BPF program that "
                 "returns 0 is attached to them (e.g. a bcc tool or another "
@@ -221,16 +94,15 @@ class PerfSchedProbe(Probe):
 
     def __init__(self, settings=None):
         super().__init__(settings)
-        extra = self.settings.extra
-        self.poll_s = float(extra.get("sched_poll_ms", 20)) / 1000.0
-        self.rescan_s = float(extra.get("sched_rescan_ms", 100)) / 1000.0
+        self.poll_s = self.settings.sched_poll_ms / 1000.0
+        self.rescan_s = self.settings.sched_rescan_ms / 1000.0
         self.proc_root = self.settings.proc_root
-        self.cpus = _online_cpus()
+        self.cpus = online_cpus()
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._thread = None
         self._sink = None
-        self._rings = {}  # cpu -> _Ring
+        self._rings = {}  # cpu -> Ring
         self._tp = {}  # name -> (id, fields, {cpu: fd})
         self._tracked = {}  # pid -> {tid: [switch fds..., migration counter fd]}
         self._tid_pid = {}
@@ -260,9 +132,9 @@ class PerfSchedProbe(Probe):
                 -1,
                 cpu,
             )
-            self._rings[cpu] = _Ring(owner, RING_DATA_PAGES)
+            self._rings[cpu] = Ring(owner, RING_DATA_PAGES)
         for name in ("sched_wakeup", "sched_wakeup_new", "sched_migrate_task"):
-            tp_id, fields = _tracepoint(name)
+            tp_id, fields = tracepoint(name)
             self._tp[name] = (tp_id, fields, {})
         for pid in list(self._tracked):
             self._scan(pid)
@@ -342,7 +214,7 @@ class PerfSchedProbe(Probe):
                     )
                     fd = perf_event_open(attr, tid, cpu)
                     fds.append(fd)
-                    _ioctl(fd, PERF_EVENT_IOC_SET_OUTPUT, self._rings[cpu].fd)
+                    ioctl(fd, PERF_EVENT_IOC_SET_OUTPUT, self._rings[cpu].fd)
                 # exact per-thread total, for status() and cross-checks
                 fds.append(
                     perf_event_open(
@@ -386,8 +258,8 @@ class PerfSchedProbe(Probe):
                     )
                     fd = perf_event_open(attr, -1, cpu)
                     new[cpu] = fd
-                    _ioctl(fd, PERF_EVENT_IOC_SET_FILTER, ct.c_char_p(expr))
-                    _ioctl(fd, PERF_EVENT_IOC_SET_OUTPUT, self._rings[cpu].fd)
+                    ioctl(fd, PERF_EVENT_IOC_SET_FILTER, ct.c_char_p(expr))
+                    ioctl(fd, PERF_EVENT_IOC_SET_OUTPUT, self._rings[cpu].fd)
             except OSError:
                 for fd in new.values():
                     os.close(fd)
@@ -421,7 +293,7 @@ class PerfSchedProbe(Probe):
         with self._lock:
             cutoff = (1 << 63) if final else time.monotonic_ns() - HOLDBACK_NS
             recs = self._held
-            for cpu, ring in self._rings.items():
+            for ring in self._rings.values():
                 recs.extend(self._parse(ring.read()))
             recs.sort(key=lambda r: r[0])
             split = len(recs)

@@ -12,16 +12,14 @@ caller decides what each descriptor is for and checks its type.
 import os
 import socket
 
+from stallscope.errors import ActivationError
+
 SD_LISTEN_FDS_START = 3
 ENV_VARS = ("LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES")
 
 # FileDescriptorName= values the daemon understands (see systemd/stallscope.socket).
 PROBE_FD_NAME = "probe"
 API_FD_NAME = "api"
-
-
-class ActivationError(Exception):
-    """The environment says descriptors were passed, but they are unusable."""
 
 
 def listen_fds(environ=None, unset=True):
@@ -41,7 +39,9 @@ def listen_fds(environ=None, unset=True):
         n = int(n_s)
         pid = int(pid_s) if pid_s else None
     except ValueError:
-        raise ActivationError(f"LISTEN_FDS={n_s!r} / LISTEN_PID={pid_s!r} are not numbers")
+        raise ActivationError(
+            f"LISTEN_FDS={n_s!r} / LISTEN_PID={pid_s!r} are not numbers"
+        ) from None
     if pid is not None and pid != os.getpid():
         return {}  # meant for another process (we were started by the activated one)
     if n < 0:
@@ -53,7 +53,9 @@ def listen_fds(environ=None, unset=True):
         try:
             os.set_inheritable(fd, False)
         except OSError as exc:
-            raise ActivationError(f"LISTEN_FDS={n} but descriptor {fd} is not open: {exc}")
+            raise ActivationError(
+                f"LISTEN_FDS={n} but descriptor {fd} is not open: {exc}"
+            ) from None
         name = names[i] if i < len(names) and names[i] else "unknown"
         fds.setdefault(name, []).append(fd)
     return fds

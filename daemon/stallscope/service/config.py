@@ -2,13 +2,14 @@
 
 Precedence, highest first: command-line flags, then STALLSCOPE_* environment
 variables, then the TOML file (`--config PATH`, else $STALLSCOPE_CONFIG;
-the unit passes /etc/stallscope/stallscope.toml), then the defaults in
-`KEYS`. Every key is declared once in `KEYS` with its type, default,
-environment variable, flag and whether it can change on SIGHUP ("live").
-A file that does not parse, an unknown key or a value of the wrong type is
-refused with the file, line and reason; this module never falls back to a
-partial configuration and never changes a running daemon by itself
-(`daemon/reload.py` applies a reloaded configuration).
+the unit passes /etc/stallscope/stallscope.toml), then the defaults.
+Every key is declared once, in `config_keys.KEYS` (probe settings as
+`ProbeSettings` fields), with its type, default, environment variable, flag
+and whether it can change on SIGHUP ("live"). A file that does not parse,
+an unknown key, a value of the wrong type or a combination that must not run
+(the API on TCP without TLS) is refused with the file, line and reason; this
+module never falls back to a partial configuration and never changes a
+running daemon by itself (`service/reload.py` applies a reloaded one).
 
 TOML is read with `tomllib` (Python 3.11+). On Python 3.10 it uses the
 `tomli` package when installed (same API) and otherwise refuses a config
@@ -17,7 +18,21 @@ file with a message saying so; flags and environment still work.
 
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import fields
+
+from stallscope.errors import ConfigError
+from stallscope.probes.base import ProbeSettings
+from stallscope.service.config_keys import (  # noqa: F401 (this module's public face)
+    BY_DOTTED,
+    CONFIG_ENV,
+    DEFAULT_API_SOCKET,
+    DEFAULT_CONFIG,
+    DEFAULT_DB,
+    DEFAULT_PROBE_SOCKET,
+    KEYS,
+    SECTIONS,
+    Key,
+)
 
 try:  # Python 3.11+
     import tomllib as _toml
@@ -26,203 +41,6 @@ except ModuleNotFoundError:  # Python 3.10
         import tomli as _toml
     except ModuleNotFoundError:
         _toml = None
-
-# Where scripts/install.sh puts the file and the unit points --config.
-DEFAULT_CONFIG = "/etc/stallscope/stallscope.toml"
-CONFIG_ENV = "STALLSCOPE_CONFIG"
-
-
-class ConfigError(Exception):
-    """A configuration the daemon refuses: str() says where and why."""
-
-
-@dataclass(frozen=True)
-class Key:
-    section: str
-    name: str
-    kind: str  # "str", "float", "int", "bool", "ints", "choice"
-    default: object
-    env: str | None  # STALLSCOPE_* variable, or None
-    flag: str | None  # argparse dest of the `stallscope daemon` flag, or None
-    live: bool = False  # applied on SIGHUP without a restart
-    choices: tuple = ()
-    minimum: float | None = None
-    doc: str = ""
-
-    @property
-    def dotted(self):
-        return f"{self.section}.{self.name}"
-
-
-KEYS = [
-    Key(
-        "daemon",
-        "socket",
-        "str",
-        "/run/stallscope/probe.sock",
-        "STALLSCOPE_SOCKET",
-        "socket",
-        doc="probe socket path (ignored when systemd passes the socket)",
-    ),
-    Key(
-        "daemon",
-        "db",
-        "str",
-        "/var/lib/stallscope/stallscope.duckdb",
-        "STALLSCOPE_DB",
-        "db",
-        doc="DuckDB database file",
-    ),
-    Key(
-        "daemon",
-        "allow_uids",
-        "ints",
-        [],
-        "STALLSCOPE_ALLOW_UIDS",
-        "allow_uid",
-        doc="accept probe connections only from these uids; empty = any that can open the socket",
-    ),
-    Key(
-        "daemon",
-        "pids",
-        "ints",
-        [],
-        "STALLSCOPE_PIDS",
-        "pid",
-        doc="also trace these processes (no probe client needed)",
-    ),
-    Key(
-        "probes",
-        "sched_backend",
-        "choice",
-        "auto",
-        "STALLSCOPE_SCHED_BACKEND",
-        "sched_backend",
-        choices=("auto", "bcc", "perf", "proc", "none"),
-        doc="scheduling probe backend; auto = best available",
-    ),
-    Key(
-        "probes",
-        "gpu_backend",
-        "choice",
-        "auto",
-        "STALLSCOPE_GPU_BACKEND",
-        "gpu_backend",
-        choices=("auto", "nvml", "none"),
-        doc="GPU probe; auto = on when a GPU exists",
-    ),
-    Key(
-        "probes",
-        "sched_poll_hz",
-        "float",
-        100.0,
-        "STALLSCOPE_SCHED_POLL_HZ",
-        "proc_poll_hz",
-        live=True,
-        minimum=0.1,
-        doc="/proc scheduling backend sampling rate, Hz",
-    ),
-    Key(
-        "probes",
-        "gpu_poll_hz",
-        "float",
-        10.0,
-        "STALLSCOPE_GPU_POLL_HZ",
-        "gpu_poll_hz",
-        live=True,
-        minimum=0.1,
-        doc="NVML polling rate, Hz",
-    ),
-    Key(
-        "probes",
-        "gpus",
-        "ints",
-        [],
-        "STALLSCOPE_GPUS",
-        "gpus",
-        doc="NVML device indices to sample; empty = all",
-    ),
-    Key(
-        "retention",
-        "max_db_mb",
-        "float",
-        10240.0,
-        "STALLSCOPE_MAX_DB_MB",
-        "max_db_mb",
-        live=True,
-        minimum=0,
-        doc="keep the database's used size under this many MiB; 0 = no limit",
-    ),
-    Key(
-        "retention",
-        "max_age_days",
-        "float",
-        30.0,
-        "STALLSCOPE_MAX_AGE_DAYS",
-        "max_age_days",
-        live=True,
-        minimum=0,
-        doc="delete runs older than this many days; 0 = no limit",
-    ),
-    Key(
-        "retention",
-        "check_interval_s",
-        "float",
-        300.0,
-        "STALLSCOPE_RETENTION_INTERVAL_S",
-        "retention_interval_s",
-        live=True,
-        minimum=1,
-        doc="how often the limits are checked, seconds",
-    ),
-    Key(
-        "api",
-        "socket",
-        "str",
-        "",
-        "STALLSCOPE_API_SOCKET",
-        "api_socket",
-        doc="gRPC API Unix socket; empty = no API",
-    ),
-    Key(
-        "api",
-        "listen",
-        "str",
-        "",
-        "STALLSCOPE_API_LISTEN",
-        "grpc_listen",
-        doc="gRPC on TCP host:port as well; refused without tls_cert and tls_key",
-    ),
-    Key(
-        "api",
-        "tls_cert",
-        "str",
-        "",
-        "STALLSCOPE_API_TLS_CERT",
-        "tls_cert",
-        doc="PEM certificate chain for the TCP listener",
-    ),
-    Key(
-        "api",
-        "tls_key",
-        "str",
-        "",
-        "STALLSCOPE_API_TLS_KEY",
-        "tls_key",
-        doc="PEM private key for the TCP listener",
-    ),
-    Key(
-        "api",
-        "tls_client_ca",
-        "str",
-        "",
-        "STALLSCOPE_API_TLS_CLIENT_CA",
-        "tls_client_ca",
-        doc="PEM CA bundle: when set, clients must present a certificate it signed",
-    ),
-]
-BY_DOTTED = {k.dotted: k for k in KEYS}
-SECTIONS = sorted({k.section for k in KEYS})
 
 
 class Config(dict):
@@ -260,10 +78,16 @@ def _convert(key, value, origin):
         if kind == "choice" and value not in key.choices:
             raise bad(f"{value!r} is not one of {', '.join(key.choices)}")
         return value
-    if kind == "float":
+    if kind == "bool":
+        if not isinstance(value, bool):
+            raise bad(f"expected true or false, got {_tname(value)}")
+        return value
+    if kind in ("float", "int"):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise bad(f"expected a number, got {_tname(value)}")
-        value = float(value)
+        if kind == "int" and value != int(value):
+            raise bad(f"expected an integer, got {value!r}")
+        value = float(value) if kind == "float" else int(value)
         if key.minimum is not None and value < key.minimum:
             raise bad(f"{value:g} is below the minimum {key.minimum:g}")
         return value
@@ -290,11 +114,16 @@ def _tname(value):
 def _from_env_text(key, text):
     """Environment variables are strings: parse them as the key's kind."""
     origin = f"environment {key.env}"
-    if key.kind == "float":
+    if key.kind in ("float", "int"):
         try:
             return _convert(key, float(text), origin)
         except ValueError:
             raise ConfigError(f"{origin}: {key.dotted}: {text!r} is not a number") from None
+    if key.kind == "bool":
+        words = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}
+        if text.strip().lower() not in words:
+            raise ConfigError(f"{origin}: {key.dotted}: {text!r} is not 1/0, true/false or yes/no")
+        return words[text.strip().lower()]
     if key.kind == "ints":
         try:
             return [int(p) for p in re.split(r"[,\s]+", text.strip()) if p]
@@ -395,7 +224,7 @@ def resolve(flags=None, config_file=None, environ=None):
         flag_value = flags.get(key.flag) if key.flag else None
         if flag_value not in (None, []):
             value, source = (
-                _convert(key, flag_value, f"flag --{key.flag.replace('_', '-')}"),
+                _convert(key, flag_value, f"flag {key.option}"),
                 "flag",
             )
         elif key.env and env.get(key.env):
@@ -410,15 +239,50 @@ def resolve(flags=None, config_file=None, environ=None):
 
 
 def _check_combinations(values, path):
-    where = path or "configuration"
-    if values["api.listen"] and not (values["api.tls_cert"] and values["api.tls_key"]):
+    check_api(values, f"{path}: " if path else "")
+
+
+def check_api(values, where=""):
+    """The one check of the API's endpoints and TLS files: refuse plain-text
+    TCP, half a TLS setup and unreadable files before anything starts."""
+    listen, cert, key, ca = (
+        values[f"api.{n}"] for n in ("listen", "tls_cert", "tls_key", "tls_client_ca")
+    )
+    if listen and not (cert and key):
         raise ConfigError(
-            f"{where}: refusing to serve the API on TCP {values['api.listen']} "
+            f"{where}refusing to serve the API on TCP {listen} "
             "without TLS: set api.tls_cert and api.tls_key (--tls-cert, "
             "--tls-key), or use api.socket for a local Unix socket"
         )
-    if bool(values["api.tls_cert"]) != bool(values["api.tls_key"]):
-        raise ConfigError(f"{where}: api.tls_cert and api.tls_key go together")
+    if listen and ":" not in listen:
+        raise ConfigError(f"{where}api.listen (--grpc-listen) wants HOST:PORT, got {listen!r}")
+    if not listen and (cert or key or ca):
+        raise ConfigError(
+            f"{where}api.tls_cert, api.tls_key and api.tls_client_ca are for api.listen "
+            "(--grpc-listen HOST:PORT); without it the API serves only api.socket"
+        )
+    if bool(cert) != bool(key):
+        raise ConfigError(f"{where}api.tls_cert and api.tls_key go together")
+    for what, name, path in (
+        ("certificate", "tls_cert", cert),
+        ("key", "tls_key", key),
+        ("client CA", "tls_client_ca", ca),
+    ):
+        if path and not os.access(path, os.R_OK):
+            raise ConfigError(f"{where}api.{name}: cannot read the TLS {what} at {path}")
+
+
+def probe_settings(cfg, settings=None):
+    """The ProbeSettings `cfg` sets (a new one, or `settings` updated in place)."""
+    values = {
+        f.name: cfg[f"probes.{f.name}"] for f in fields(ProbeSettings) if f"probes.{f.name}" in cfg
+    }
+    values["gpus"] = tuple(values.get("gpus", ()))
+    if settings is None:
+        return ProbeSettings(**values)
+    for name, value in values.items():
+        setattr(settings, name, value)
+    return settings
 
 
 class Source:
@@ -448,7 +312,7 @@ def render_default_file():
         "# need a restart. Unknown keys are errors.",
         "",
     ]
-    for section in ("daemon", "probes", "retention", "api"):
+    for section in dict.fromkeys(k.section for k in KEYS):
         lines.append(f"[{section}]")
         for key in (k for k in KEYS if k.section == section):
             live = " (live)" if key.live else ""
@@ -461,7 +325,7 @@ def render_default_file():
 
 
 # What the installed file sets where the service differs from the bare command.
-SERVICE_DEFAULTS = {"api.socket": "/run/stallscope/api.sock"}
+SERVICE_DEFAULTS = {"api.socket": DEFAULT_API_SOCKET}
 
 
 def _toml_value(value):

@@ -1,9 +1,8 @@
 """SIGHUP: re-read the configuration and apply to the running daemon what can change live.
 
-Live keys (see `config.KEYS`, `live=True`): probe rates and retention
-limits. A probe whose rate changed is given the new settings through its
-`reconfigure(settings)` method when it has one, and is otherwise restarted
-in place (stopped, which flushes what it holds, started again and told the
+Live keys (see `config_keys.KEYS`, `live=True`): probe rates and retention
+limits. A probe whose rate changed is restarted in place with the new
+settings (stopped, which flushes what it holds, started again and told the
 processes it followed); ingest, the store and the sockets are untouched, so
 no stored or queued data is lost. Keys that need a restart are reported and
 keep their running values. A file that does not load changes nothing: the
@@ -17,15 +16,9 @@ from stallscope.service import config as configmod
 
 log = logging.getLogger("stallscope.reload")
 
-# Which live key each (probe, backend) uses; other backends ignore rates.
+# The live key each probe reads, by probe name: a change restarts whichever
+# backend runs (only the /proc backend uses probes.sched_poll_hz).
 RATE_KEYS = {"sched": "probes.sched_poll_hz", "gpu": "probes.gpu_poll_hz"}
-
-
-def settings_from(cfg, settings):
-    """Write the probe-related live values of `cfg` into a ProbeSettings in place."""
-    settings.sched_poll_hz = cfg["probes.sched_poll_hz"]
-    settings.gpu_poll_hz = cfg["probes.gpu_poll_hz"]
-    return settings
 
 
 def apply(daemon):
@@ -75,7 +68,7 @@ def apply(daemon):
 
 def _apply_live(daemon, changes):
     changed = {k.dotted for k, _, _ in changes}
-    settings_from(daemon.config, daemon.settings)
+    configmod.probe_settings(daemon.config, daemon.settings)
     retention = getattr(daemon, "retention", None)
     if retention is not None and any(k.startswith("retention.") for k in changed):
         limits = retention.limits
@@ -89,17 +82,14 @@ def _apply_live(daemon, changes):
             continue
         detail = f"reconfigured: {key.split('.')[1]}={daemon.config[key]:g}"
         try:
-            if hasattr(probe, "reconfigure"):
-                probe.reconfigure(daemon.settings)
-            else:
-                daemon.probes[i] = _restart(daemon, probe)
-                detail += " (restarted)"
-            daemon._status_row(probe.name, probe.backend, "active", detail)
+            daemon.probes[i] = _restart(daemon, probe)
+            detail += " (restarted)"
+            daemon.store.record_probe_status(probe.name, probe.backend, "active", detail)
         except Exception as exc:
             log.error(
                 "%s probe (%s) could not take the new settings: %s", probe.name, probe.backend, exc
             )
-            daemon._status_row(
+            daemon.store.record_probe_status(
                 probe.name, probe.backend, "failed", f"reload: {type(exc).__name__}: {exc}"
             )
 

@@ -55,7 +55,7 @@ class Limits:
 def used_bytes(cur, db_path):
     """Bytes the database really uses: used blocks plus the WAL."""
     c = cur.execute("PRAGMA database_size")
-    row = dict(zip([d[0] for d in c.description], c.fetchone()))
+    row = dict(zip([d[0] for d in c.description], c.fetchone(), strict=True))
     used = int(row["used_blocks"]) * int(row["block_size"])
     try:
         used += os.path.getsize(db_path + ".wal")

@@ -10,16 +10,20 @@ that cannot run here is reported with its reason and the daemon runs on.
 import ctypes
 import grp
 import logging
+import os
 import signal
 import threading
 import time
 
 from stallscope import probes as probe_registry
 from stallscope.probes.base import ProbeSettings, Sink
+from stallscope.service import endpoint
 from stallscope.service import reload as config_reload
+from stallscope.service.coverage import Coverage
+from stallscope.service.deep import DeepWindows
 from stallscope.service.ingest import Ingest
 from stallscope.service.retention import Retention
-from stallscope.service.store import Store
+from stallscope.service.store import DB_UMASK, Store
 
 log = logging.getLogger("stallscope.daemon")
 
@@ -33,6 +37,9 @@ LIVE_DECODE_INTERVAL_S = 0.02
 # a moment: clients then see full sockets and count drops, and the daemon's
 # memory stays bounded instead of growing with a backlog.
 MAX_PENDING_ROWS = 250_000
+# Kernel-cause probes (docs/kernel-causes.md), started after sched and gpu;
+# `kernel_causes = none` leaves them off.
+KERNEL_CAUSE_PROBES = ("page_faults", "irq", "steal", "syscalls")
 
 
 def limit_allocator_caches():
@@ -60,11 +67,10 @@ class StoreSink(Sink):
         self.store.append(table, columns)
 
     def loss(self, probe, start_ns, end_ns, count, reason):
-        self.store.sql(
-            "INSERT INTO losses (run_id, probe, start_ns, end_ns, count, reason) "
-            "VALUES (NULL, ?, ?, ?, ?, ?)",
-            [probe, int(start_ns), int(end_ns), int(count), str(reason)],
-        )
+        self.store.record_loss(probe, start_ns, end_ns, count, reason)
+
+    def status(self, probe, backend, state, detail):
+        self.store.record_probe_status(probe, backend, state, detail)
 
 
 class Daemon:
@@ -85,14 +91,20 @@ class Daemon:
         config_source=None,
         config=None,
         retention_limits=None,
+        stop_event=None,
     ):
         self.settings = settings or ProbeSettings()
         limit_allocator_caches()
+        # Files the daemon creates (database, WAL, exports) are never
+        # world-readable; sockets set their own mode explicitly.
+        os.umask(os.umask(DB_UMASK) | DB_UMASK)
         self.store = Store(db_path, flush_interval_s=flush_interval_s)
         self.sink = StoreSink(self.store)
+        self.coverage = Coverage(self.store)
         self.probes = []
         self.extra_pids = set(pids)
-        self._stop = threading.Event()
+        # The CLI passes stopping.STOP, set by SIGTERM from the first moment.
+        self._stop = stop_event if stop_event is not None else threading.Event()
         self.notify = notify
         self.api = None
         self.api_socket = api_socket
@@ -102,37 +114,47 @@ class Daemon:
         self.config = config
         self.tracked_pids = set()
         self._reload = threading.Event()
+        # Probes first, the probe socket last: a client that can connect is
+        # a client whose scheduling the probes already follow. (Under socket
+        # activation the socket predates us; `coverage` says from when each
+        # probe covered each run.)
+        self._start_probes(sched_backend, gpu_backend)
         try:
             group = grp.getgrnam("stallscope").gr_gid
         except KeyError:
             group = None
-        self.ingest = Ingest(
-            self.store,
-            socket_path=socket_path,
-            listen_fd=listen_fd,
-            allowed_uids=allowed_uids,
-            on_track=self._track,
-            on_untrack=self._untrack,
-            socket_group=group,
-        )
+        try:
+            self.ingest = Ingest(
+                self.store,
+                socket_path=socket_path,
+                listen_fd=listen_fd,
+                allowed_uids=allowed_uids,
+                on_track=self._track,
+                on_untrack=self._untrack,
+                on_run_end=self.coverage.run_ended,
+                socket_group=group,
+            )
+        except BaseException:
+            # e.g. the socket is in use by another daemon: release the probes
+            # and the database before saying why.
+            self._stop_probes()
+            self.store.close()
+            raise
         self.retention = (
             Retention(self.store, retention_limits, on_runs_deleted=self.ingest.forget_runs)
             if retention_limits is not None
             else None
         )
-        self._start_probes(sched_backend, gpu_backend)
 
     # ----- probes ----------------------------------------------------------------
-    def _status_row(self, probe, backend, state, detail):
-        self.store.sql(
-            "INSERT INTO probe_status VALUES (?, ?, ?, ?, ?)",
-            [time.monotonic_ns(), probe, backend, state, detail],
-        )
-
     def _start_probes(self, sched_backend, gpu_backend):
-        for name, prefer in (("sched", sched_backend), ("gpu", gpu_backend)):
+        causes = None if self.settings.kernel_causes else "none"
+        wanted = [("sched", sched_backend), ("gpu", gpu_backend)]
+        for name, prefer in wanted + [(n, causes) for n in KERNEL_CAUSE_PROBES]:
             if prefer == "none":
-                self._status_row(name, None, "unavailable", "disabled by configuration")
+                self.store.record_probe_status(
+                    name, None, "unavailable", "disabled by configuration"
+                )
                 log.info("%s probe: disabled", name)
                 continue
             cls, skipped = probe_registry.select_backend(name, self.settings, prefer)
@@ -140,29 +162,52 @@ class Daemon:
                 log.info("%s probe: skipped %s: %s", name, spec.rsplit(":", 1)[-1], reason)
             if cls is None:
                 reason = "; ".join(r for _, r in skipped) or "no backend"
-                self._status_row(name, None, "unavailable", reason)
+                self.store.record_probe_status(name, None, "unavailable", reason)
                 log.warning("%s probe unavailable: %s", name, reason)
                 continue
             try:
                 probe = cls(self.settings)
                 probe.start(self.sink)
             except Exception as exc:
-                self._status_row(name, cls.backend, "failed", f"{type(exc).__name__}: {exc}")
+                self.store.record_probe_status(
+                    name, cls.backend, "failed", f"{type(exc).__name__}: {exc}"
+                )
                 log.error("%s probe (%s) failed to start: %s", name, cls.backend, exc)
                 continue
             self.probes.append(probe)
-            self._status_row(name, cls.backend, "active", "; ".join(r for _, r in skipped))
+            detail = [getattr(probe, "detail", lambda: "")()] + [r for _, r in skipped]
+            self.store.record_probe_status(
+                name, cls.backend, "active", "; ".join(d for d in detail if d)
+            )
             log.info("%s probe: using %s", name, cls.backend)
+        self.deep = DeepWindows(self.probes, self.coverage, deep=self.settings.deep)
         for pid in self.extra_pids:
             self._track(pid)
 
-    def _track(self, pid):
+    def _stop_probes(self):
+        for probe in self.probes:
+            try:
+                probe.stop()
+            except Exception as exc:
+                log.warning("%s probe did not stop cleanly: %s", probe.name, exc)
+
+    def _track(self, pid, run_id=None):
         self.tracked_pids.add(pid)
+        covering = []
         for probe in self.probes:
             try:
                 probe.track(pid)
             except Exception as exc:
                 log.warning("%s probe could not follow pid %d: %s", probe.name, pid, exc)
+                continue
+            if probe.covering():
+                covering.append(probe.name)
+        if run_id is not None:
+            self.coverage.run_started(run_id, pid, covering)
+
+    def start_diagnosis(self, duration_s):
+        """Attach the expensive probes for `duration_s` (see service/deep.py)."""
+        return self.deep.start(duration_s)
 
     def _untrack(self, pid):
         if pid in self.extra_pids:
@@ -195,9 +240,13 @@ class Daemon:
                 # (probe socket, probes, database) before saying why.
                 self.shutdown()
                 raise
+            if self.api_socket:
+                endpoint.publish(self.store.path, self.api_socket)
         signal.signal(signal.SIGTERM, self.stop)
         signal.signal(signal.SIGINT, self.stop)
         signal.signal(signal.SIGHUP, lambda *_: self._reload.set())
+        if self._stop.is_set():
+            log.info("stop requested during start-up: reading what clients sent, then exiting")
         log.info(
             "listening on %s, database %s, probes: %s",
             self.ingest.socket_path or "inherited socket",
@@ -217,6 +266,7 @@ class Daemon:
                 self.ingest.decode_pending()
                 live = self.api is not None and self.api.live_subscribers() > 0
                 next_decode = now + (LIVE_DECODE_INTERVAL_S if live else DECODE_INTERVAL_S)
+                self.deep.tick()
                 if self._reload.is_set():
                     self._reload.clear()
                     config_reload.apply(self)
@@ -231,14 +281,12 @@ class Daemon:
         t0 = time.monotonic()
         if self.api is not None:
             self.api.stop(grace=0.5)
+            endpoint.withdraw(self.store.path)
         self.ingest.close()
         if self.retention is not None:
             self.retention.stop()
-        for probe in self.probes:
-            try:
-                probe.stop()
-            except Exception as exc:
-                log.warning("%s probe did not stop cleanly: %s", probe.name, exc)
+        self._stop_probes()
+        self.coverage.close_all()
         self.store.close()
         log.info(
             "stopped in %.0f ms; %d records received, %d known lost, %d rejected",

@@ -8,10 +8,9 @@ transaction so that, for instance, a run's `last_seq` is never ahead of the
 records stored. A failed write is rolled back, logged, and recorded as a
 loss with its reason; the daemon runs on. A write that fails because the
 disk is full (or the database was invalidated by such a failure and must be
-reopened) is kept in memory, up to `MAX_RETAINED_ROWS`, and retried at every
-flush; beyond that bound the oldest rows are dropped and recorded in
-`losses` (probe 'store', with their run) when the disk takes writes again.
-Listeners see every batch as it is appended (the gRPC stream subscribes
+reopened) is kept in memory and retried (`store_recovery.py`). Writes to
+`losses` and `probe_status` go through `record_loss` / `record_losses` /
+`record_probe_status` only, so each table has one writer. Listeners see every batch as it is appended (the gRPC stream subscribes
 here). The store never blocks a producer on disk I/O: appends only take a
 short lock.
 """
@@ -20,18 +19,15 @@ import logging
 import os
 import threading
 import time
-from pathlib import Path
 
 import duckdb
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
-from stallscope.analysis import views
+from stallscope.service.migrations import apply_schema
+from stallscope.service.store_recovery import LOSS_SQL, Recovery, transient
 
 log = logging.getLogger("stallscope.store")
-
-SCHEMA_DIR = Path(__file__).resolve().parent.parent / "schema"
 
 # The gRPC Query rpc runs users' SQL on cursors of this same database, and
 # DuckDB applies these settings per database instance (one process cannot
@@ -46,24 +42,10 @@ SANDBOX_CONFIG = {
     "allow_community_extensions": False,
 }
 
-# Rows kept in memory while the database cannot be written (disk full). About
-# 100 bytes a span row: ~50 MB at the bound. Ingest stops reading sockets at
-# 250k queued rows (server.MAX_PENDING_ROWS), so only kernel and GPU probes
-# push past that; clients count their own drops and report them as gaps.
-MAX_RETAINED_ROWS = 500_000
-MAX_RETAINED_STATEMENTS = 100_000
-_REPORT_EVERY_S = 30.0
-
-
-def _transient(exc):
-    """A failure that more disk space (or a reopen) can cure: keep the data."""
-    text = str(exc)
-    return (
-        isinstance(exc, (duckdb.IOException, duckdb.FatalException))
-        or "No space left" in text
-        or "Could not write" in text
-        or "invalidated" in text
-    )
+# The one statement that writes `probe_status` (record_probe_status).
+_STATUS_SQL = (
+    "INSERT INTO probe_status (ts_ns, probe, backend, state, detail) VALUES (?, ?, ?, ?, ?)"
+)
 
 
 def _as_arrow(columns):
@@ -80,14 +62,26 @@ def _as_arrow(columns):
     return pa.Table.from_arrays(arrays, names=names)
 
 
-def apply_schema(con):
-    """Create every table (idempotent) and then the query views."""
-    for path in sorted(SCHEMA_DIR.glob("*.sql")):
-        con.execute(path.read_text())
-    views.create_views(con)
+# Traces hold every traced process's argv and timings: the database and its
+# WAL are for the daemon and its group only (the unit runs the daemon as
+# group `stallscope`, so that is the group readers join). DuckDB creates both
+# with the process umask (the WAL anew after every checkpoint), so the daemon
+# runs with DB_UMASK (service.server) and the main file is also fixed here.
+# No chown: under the unit the group is already right, and its system-call
+# filter has no @chown.
+DB_UMASK = 0o027
+DB_MODE = 0o640
 
 
-class Store:
+def _restrict(path):
+    """Mode 0640 for a database file the daemon opens."""
+    try:
+        os.chmod(path, DB_MODE)
+    except OSError as exc:
+        log.warning("cannot set mode %o on %s: %s", DB_MODE, path, exc)
+
+
+class Store(Recovery):
     """The daemon's one writable connection to the database file."""
 
     def __init__(self, path, flush_interval_s=0.2, memory_limit="128MB", sandbox=True):
@@ -103,6 +97,7 @@ class Store:
         if sandbox:
             self._config.update(SANDBOX_CONFIG)
         self.con = duckdb.connect(self.path, config=self._config)
+        _restrict(self.path)
         apply_schema(self.con)
         if sandbox:
             self.con.execute("SET lock_configuration = true")
@@ -145,6 +140,21 @@ class Store:
         """Queue a bookkeeping statement for the next flush's transaction."""
         with self._lock:
             self._statements.append((statement, params))
+
+    def record_loss(self, probe, start_ns, end_ns, count, reason, run_id=None):
+        """A known gap: `count` records of `probe` lost in [start_ns, end_ns)."""
+        self.sql(LOSS_SQL, [run_id, probe, int(start_ns), int(end_ns), int(count), str(reason)])
+
+    def record_losses(self, probe, losses):
+        """Many gaps at once: `losses` = [(run_id, start_ns, end_ns, count, reason)]."""
+        if losses:
+            run_id, start_ns, end_ns, count, reason = (list(c) for c in zip(*losses, strict=True))
+            columns = {"run_id": run_id, "probe": [probe] * len(run_id), "start_ns": start_ns}
+            self.append("losses", {**columns, "end_ns": end_ns, "count": count, "reason": reason})
+
+    def record_probe_status(self, probe, backend, state, detail):
+        """A probe's state now ('active', 'unavailable', 'failed', ...) and why."""
+        self.sql(_STATUS_SQL, [time.monotonic_ns(), probe, backend, state, detail])
 
     def add_listener(self, fn):
         """fn(table, pa.Table) is called for every appended batch."""
@@ -203,7 +213,7 @@ class Store:
                         rows = self._write(cur, statements, merged)
                     except Exception as exc:
                         self._rollback(cur)
-                        if _transient(exc):
+                        if transient(exc):
                             self._note_fatal(exc)
                             self._retain(statements, merged, exc)
                             rows = 0
@@ -226,115 +236,6 @@ class Store:
                 self.unwritable_since = None
             self.rows_retained = self._kept or 0
             return rows
-
-    def _open_cursor(self):
-        """A cursor for the writer, reopening the database after DuckDB
-        invalidated it (a checkpoint that hit a full disk); None if it cannot."""
-        if self._reopen:
-            try:
-                try:
-                    self.con.close()
-                except Exception:
-                    pass
-                self.con = duckdb.connect(self.path, config=self._config)
-                if self.sandboxed:
-                    self.con.execute("SET lock_configuration = true")
-                self._reopen = False
-                log.warning("reopened the database %s after a write failure", self.path)
-            except Exception as exc:
-                self.last_error = f"{type(exc).__name__}: {exc}"
-                return None
-        try:
-            return self.con.cursor()
-        except Exception as exc:
-            self._note_fatal(exc)
-            self.last_error = f"{type(exc).__name__}: {exc}"
-            return None
-
-    def _note_fatal(self, exc):
-        if (
-            isinstance(exc, duckdb.FatalException)
-            or "invalidated" in str(exc)
-            or "closed" in str(exc)
-        ):
-            self._reopen = True
-
-    def _retain(self, statements, merged, exc):
-        """Put a failed flush back at the head of the queue; drop (and record)
-        the oldest rows beyond MAX_RETAINED_ROWS."""
-        now_s = time.monotonic()
-        self.last_error = exc if isinstance(exc, str) else f"{type(exc).__name__}: {exc}"
-        dropped_rows = dropped_stmts = 0
-        put_back = sum(data.num_rows for data in merged.values())
-        with self._lock:
-            for table, data in merged.items():
-                self._tables[table] = [data] + self._tables.get(table, [])
-            self._statements = list(statements) + self._statements
-            total = sum(b.num_rows for bs in self._tables.values() for b in bs)
-            excess = total - MAX_RETAINED_ROWS
-            losses = []
-            for table, batches in self._tables.items():
-                while excess > 0 and batches:
-                    head = batches[0]
-                    k = min(excess, head.num_rows)
-                    losses += self._loss_rows(table, head.slice(0, k))
-                    batches[0] = head.slice(k)
-                    if batches[0].num_rows == 0:
-                        batches.pop(0)
-                    excess -= k
-                    dropped_rows += k
-            extra = len(self._statements) - MAX_RETAINED_STATEMENTS
-            if extra > 0:
-                # Oldest first; mostly superseded `UPDATE runs` bookkeeping.
-                del self._statements[:extra]
-                dropped_stmts = extra
-                losses.append((None, extra, "store_unwritable(statements)"))
-            now_ns = time.monotonic_ns()
-            for run_id, count, reason in losses:
-                self._statements.append(
-                    (
-                        "INSERT INTO losses (run_id, probe, start_ns, end_ns, count, reason) "
-                        "VALUES (?, 'store', ?, ?, ?, ?)",
-                        [run_id, now_ns, now_ns, count, f"{reason}: {self.last_error}"[:500]],
-                    )
-                )
-            kept = total - dropped_rows
-            # flush() subtracts every row it took; these are queued again.
-            self.pending_rows += put_back - dropped_rows
-        self._kept = kept
-        self.rows_lost += dropped_rows + dropped_stmts
-        if self.unwritable_since is None:
-            self.unwritable_since = now_s
-            self._reported_at = now_s
-            log.error(
-                "cannot write the database %s (%s): keeping up to %d rows in memory "
-                "and retrying every %.1f s; probes and clients keep running",
-                self.path,
-                self.last_error,
-                MAX_RETAINED_ROWS,
-                self.flush_interval_s,
-            )
-        elif now_s - self._reported_at >= _REPORT_EVERY_S or (
-            dropped_rows and not self.rows_lost - dropped_rows
-        ):
-            self._reported_at = now_s
-            log.error(
-                "database still unwritable for %.0f s (%s): %d rows kept, %d dropped "
-                "so far (recorded as losses when the disk takes writes again)",
-                now_s - self.unwritable_since,
-                self.last_error,
-                kept,
-                self.rows_lost,
-            )
-
-    @staticmethod
-    def _loss_rows(table, dropped):
-        """(run_id, count, reason) for rows dropped from a table's batch."""
-        reason = f"store_unwritable({table})"
-        if "run_id" not in dropped.column_names:
-            return [(None, dropped.num_rows, reason)]
-        counts = pc.value_counts(dropped.column("run_id")).to_pylist()
-        return [(c["values"], c["counts"], reason) for c in counts]
 
     @staticmethod
     def _rollback(cur):
@@ -361,73 +262,6 @@ class Store:
             cur.execute(f'INSERT INTO "{table}" BY NAME SELECT * FROM _batch')
         finally:
             cur.unregister("_batch")
-
-    def _write_separately(self, cur, statements, merged):
-        """Each part in its own transaction; returns the rows written. Parts
-        the disk refused are kept for the next flush."""
-        rows = 0
-        keep_statements, keep_tables = [], {}
-        parts = [("statements", statements, None)] + [
-            (table, None, data) for table, data in merged.items()
-        ]
-        for name, stmts, data in parts:
-            try:
-                cur.execute("BEGIN TRANSACTION")
-                if stmts is not None:
-                    for statement, params in stmts:
-                        cur.execute(statement, params or [])
-                else:
-                    self._insert(cur, name, data)
-                cur.execute("COMMIT")
-                rows += data.num_rows if data is not None else 0
-            except Exception as exc:
-                self._rollback(cur)
-                if _transient(exc):
-                    self._note_fatal(exc)
-                    if stmts is not None:
-                        keep_statements = stmts
-                    else:
-                        keep_tables[name] = data
-                    continue
-                if stmts is not None:
-                    rows_ok, bad = self._statements_one_by_one(cur, stmts)
-                    if bad:
-                        self._record_loss(cur, name, bad, exc)
-                    continue
-                lost = data.num_rows
-                self._record_loss(cur, name, lost, exc)
-        if keep_statements or keep_tables:
-            self._retain(keep_statements, keep_tables, self.last_error or "write failed")
-        return rows
-
-    def _statements_one_by_one(self, cur, stmts):
-        """One bad bookkeeping statement must not take the others with it."""
-        ok = bad = 0
-        for statement, params in stmts:
-            try:
-                cur.execute(statement, params or [])
-                ok += 1
-            except Exception as exc:
-                bad += 1
-                log.error("bookkeeping statement failed (%s): %s", exc, statement[:80])
-        return ok, bad
-
-    def _record_loss(self, cur, table, lost, exc):
-        self.rows_lost += lost
-        self.last_error = f"{type(exc).__name__}: {exc}"
-        log.error(
-            "could not write %d rows of %s (%s); recorded as a loss", lost, table, self.last_error
-        )
-        now = time.monotonic_ns()
-        params = [now, now, lost, f"store_error({table}): {self.last_error}"[:500]]
-        sql = (
-            "INSERT INTO losses (run_id, probe, start_ns, end_ns, count, reason) "
-            "VALUES (NULL, 'store', ?, ?, ?, ?)"
-        )
-        try:
-            cur.execute(sql, params)
-        except Exception:
-            self.sql(sql, params)  # the disk may be full: try again next flush
 
     def close(self):
         """Stop the writer, write what is left, close the file."""

@@ -430,3 +430,19 @@ class ListRunsResponse(_message.Message):
     RUNS_FIELD_NUMBER: _ClassVar[int]
     runs: _containers.RepeatedCompositeFieldContainer[RunSummary]
     def __init__(self, runs: _Optional[_Iterable[_Union[RunSummary, _Mapping]]] = ...) -> None: ...
+
+class StartDiagnosisRequest(_message.Message):
+    __slots__ = ("duration_ms",)
+    DURATION_MS_FIELD_NUMBER: _ClassVar[int]
+    duration_ms: int
+    def __init__(self, duration_ms: _Optional[int] = ...) -> None: ...
+
+class StartDiagnosisResponse(_message.Message):
+    __slots__ = ("until_ns", "probes", "deep")
+    UNTIL_NS_FIELD_NUMBER: _ClassVar[int]
+    PROBES_FIELD_NUMBER: _ClassVar[int]
+    DEEP_FIELD_NUMBER: _ClassVar[int]
+    until_ns: int
+    probes: _containers.RepeatedScalarFieldContainer[str]
+    deep: bool
+    def __init__(self, until_ns: _Optional[int] = ..., probes: _Optional[_Iterable[str]] = ..., deep: _Optional[bool] = ...) -> None: ...

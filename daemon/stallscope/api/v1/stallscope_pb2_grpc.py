@@ -54,6 +54,11 @@ class StallscopeStub:
                 request_serializer=stallscope_dot_api_dot_v1_dot_stallscope__pb2.ListRunsRequest.SerializeToString,
                 response_deserializer=stallscope_dot_api_dot_v1_dot_stallscope__pb2.ListRunsResponse.FromString,
                 _registered_method=True)
+        self.StartDiagnosis = channel.unary_unary(
+                '/stallscope.v1.Stallscope/StartDiagnosis',
+                request_serializer=stallscope_dot_api_dot_v1_dot_stallscope__pb2.StartDiagnosisRequest.SerializeToString,
+                response_deserializer=stallscope_dot_api_dot_v1_dot_stallscope__pb2.StartDiagnosisResponse.FromString,
+                _registered_method=True)
 
 
 class StallscopeServicer:
@@ -96,6 +101,17 @@ class StallscopeServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def StartDiagnosis(self, request, context):
+        """Unary: attach the expensive kernel probes (syscalls) for a while, a
+        diagnosis window; a call during a window extends it. Steps outside
+        every window get NULL syscall components (the coverage table says
+        when each probe covered each run). INVALID_ARGUMENT for a duration
+        <= 0; FAILED_PRECONDITION when no such probe could be loaded.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_StallscopeServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -118,6 +134,11 @@ def add_StallscopeServicer_to_server(servicer, server):
                     servicer.ListRuns,
                     request_deserializer=stallscope_dot_api_dot_v1_dot_stallscope__pb2.ListRunsRequest.FromString,
                     response_serializer=stallscope_dot_api_dot_v1_dot_stallscope__pb2.ListRunsResponse.SerializeToString,
+            ),
+            'StartDiagnosis': grpc.unary_unary_rpc_method_handler(
+                    servicer.StartDiagnosis,
+                    request_deserializer=stallscope_dot_api_dot_v1_dot_stallscope__pb2.StartDiagnosisRequest.FromString,
+                    response_serializer=stallscope_dot_api_dot_v1_dot_stallscope__pb2.StartDiagnosisResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -228,6 +249,33 @@ class Stallscope:
             '/stallscope.v1.Stallscope/ListRuns',
             stallscope_dot_api_dot_v1_dot_stallscope__pb2.ListRunsRequest.SerializeToString,
             stallscope_dot_api_dot_v1_dot_stallscope__pb2.ListRunsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StartDiagnosis(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/stallscope.v1.Stallscope/StartDiagnosis',
+            stallscope_dot_api_dot_v1_dot_stallscope__pb2.StartDiagnosisRequest.SerializeToString,
+            stallscope_dot_api_dot_v1_dot_stallscope__pb2.StartDiagnosisResponse.FromString,
             options,
             channel_credentials,
             insecure,

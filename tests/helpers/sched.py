@@ -19,6 +19,14 @@ import numpy as np
 WORKLOAD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sched_workload.py")
 
 
+def _array(values):
+    """numpy array of a column; nullable (pyarrow) columns become object
+    arrays holding None, so a test can tell NULL from 0."""
+    if hasattr(values, "to_pylist"):
+        return np.array(values.to_pylist(), dtype=object)
+    return np.asarray(values)
+
+
 class CollectSink:
     """A Sink that keeps every batch, for tests."""
 
@@ -27,7 +35,7 @@ class CollectSink:
         self.losses = []
 
     def append(self, table, columns):
-        self.batches.setdefault(table, []).append({k: np.asarray(v) for k, v in columns.items()})
+        self.batches.setdefault(table, []).append({k: _array(v) for k, v in columns.items()})
 
     def loss(self, probe, start_ns, end_ns, count, reason):
         self.losses.append((probe, start_ns, end_ns, count, reason))
@@ -296,3 +304,33 @@ def check_untrack(probe, sink, sync):
         assert len(sink.table("migrations", w.tid)["tid"]) == 4
     finally:
         w.close()
+
+
+FIFO_CODE = """
+import ctypes, os, sys, time
+ctypes.CDLL(None).prctl(15, b"stall-fifo", 0, 0, 0)
+os.sched_setaffinity(0, {%(cpu)d})
+os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(10))
+print("ready", flush=True)
+sys.stdin.readline()
+for _ in range(%(bursts)d):
+    time.sleep(0.010)
+    end = time.monotonic() + 0.002
+    while time.monotonic() < end:
+        pass
+print("done", flush=True)
+"""
+
+
+def spawn_fifo(cpu, bursts=20):
+    """A SCHED_FIFO process named stall-fifo pinned to `cpu`: once told to go
+    (a line on stdin) it wakes every 10 ms and spins 2 ms, `bursts` times,
+    preempting whatever ordinary task runs on that CPU."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", FIFO_CODE % {"cpu": cpu, "bursts": bursts}],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout.readline().strip() == "ready"
+    return proc

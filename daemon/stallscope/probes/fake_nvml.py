@@ -4,8 +4,10 @@
 (`pynvml.nvmlLib`), so the bindings' real code runs: argument marshalling,
 return-code checks, error classes, struct decoding. Each method is named
 like the C symbol and receives the same ctypes arguments the real library
-would; outputs are written through the byref()/array arguments. It never
-imports anything from stallscope (tests and scripts/gpu_check.py share it).
+would; outputs are written through the byref()/array arguments. The tests,
+bench/gpu_sampler_cost.py and `scripts/gpu_check.py --fake` share it (so it
+lives in the package, not under tests/); the daemon never imports it, and it
+imports nothing else from stallscope.
 """
 
 import ctypes

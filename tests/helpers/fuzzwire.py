@@ -16,6 +16,7 @@ import json
 import random
 from collections import Counter
 
+from helpers.fuzzwire_values import BAD_HELLOS, HELLO_FIELDS, WEIRD
 from probe_client import wire
 
 SEQ_LIMIT = 1 << 62
@@ -23,69 +24,6 @@ MAX_DATAGRAM = wire.HEADER_SIZE + wire.HELLO_MAX  # what the daemon reads at onc
 _HDR = wire.HEADER.pack
 _REC = wire.RECORD.pack
 _STR = wire.STRING_RECORD.pack
-
-_WEIRD = [
-    None,
-    True,
-    False,
-    -1,
-    0,
-    2**31,
-    2**70,
-    -(2**70),
-    1.5,
-    float("inf"),
-    float("-inf"),
-    float("nan"),
-    1e308,
-    "x",
-    "12",
-    "",
-    "é\u0000\u2028",
-    [],
-    {},
-    ["a", 2**40, None, 1e300],
-    {"k": [1, 2]},
-    [[[]]],
-]
-_FIELDS = [
-    "pid",
-    "tid",
-    "label",
-    "argv",
-    "python",
-    "implementation",
-    "free_threaded",
-    "gc_threshold",
-    "gc_count",
-    "freeze_count",
-    "gc_enabled",
-    "realtime_ns",
-    "monotonic_ns",
-    "gc_callback",
-    "extra",
-]
-_BAD_HELLOS = [
-    b"{",
-    b"[1, 2]",
-    b'"str"',
-    b"5",
-    b"null",
-    b"",
-    b'{"run_token": "abc"}',
-    b'{"run_token": [1]}',
-    b'{"run_token": {}}',
-    b'{"run_token": Infinity}',
-    b'{"run_token": -Infinity}',
-    b'{"run_token": NaN}',
-    b'{"run_token": 1e400}',
-    b'{"run_token": 1',
-    b"[" * 3000 + b"]" * 3000,
-    b'{"a":' * 2000,
-    b"\xff\xfe{}",
-    b'{"label": "\xc3"}',
-    b'{"run_token": 1' + b"0" * 5000 + b"}",
-]
 
 
 class ModelRun:
@@ -258,7 +196,7 @@ class Fuzzer:
 
     def _k_badhello(self, pid, run):
         self.expected["bad_hello"] += 1
-        payload = self.rng.choice(_BAD_HELLOS + [b"\xff" + self.rng.randbytes(100)])
+        payload = self.rng.choice(BAD_HELLOS + [b"\xff" + self.rng.randbytes(100)])
         return self._hdr(wire.DGRAM_HELLO) + payload, run, False
 
     def _k_hello_seq(self, pid, run):
@@ -268,12 +206,12 @@ class Fuzzer:
 
     def _k_hello(self, pid, run):
         rng = self.rng
-        info = {f: rng.choice(_WEIRD) for f in rng.sample(_FIELDS, rng.randint(0, 6))}
+        info = {f: rng.choice(WEIRD) for f in rng.sample(HELLO_FIELDS, rng.randint(0, 6))}
         resume = None
         if not self.live and self.by_token and rng.random() < 0.2:
-            token, tpid = rng.choice(list(self.by_token))
-            if rng.random() < 0.5:
-                tpid = pid  # same token from another pid: must be a new run
+            # a token this or another pid used (another pid's must make a new run)
+            token, _ = rng.choice(list(self.by_token))
+            rng.random()  # kept so that a seed makes the same inputs as before
             info["run_token"] = token
             resume = self.by_token.get((token, pid))
         elif rng.random() < 0.15:

@@ -1,0 +1,298 @@
+"""What every bcc probe shares: privileges, record layouts, the ring reader, counters.
+
+Record layouts have one source, the C header next to each program: this
+module takes a struct's numpy dtype from the compiled program itself (bcc
+describes every map's value type, so a one-entry `layout_*` array map of the
+record type gives sizeof and every offsetof as the compiler laid them out),
+and `require_fields` turns a field the Python side reads but the header lacks
+into a load-time error. Loss counters are a struct in a one-entry mmapped
+array, read by field name, so no index is copied either. The ring reader
+drains a BPF ring buffer through its mmapped pages in batches (one numpy
+slice per drain, never a Python call per event). Nothing here reads a
+`task_struct` field or compiles C assembled from strings.
+"""
+
+import mmap
+import os
+import struct
+
+import numpy as np
+
+TRACEFS = "/sys/kernel/tracing"
+PAGE_SIZE = mmap.PAGESIZE
+PROBES_DIR = os.path.dirname(os.path.abspath(__file__))
+RINGBUF_BUSY_BIT = 1 << 31
+RINGBUF_DISCARD_BIT = 1 << 30
+RINGBUF_HDR = [("hdr_len", "<u4"), ("hdr_pgoff", "<u4")]
+
+CAP_SYS_ADMIN = 21
+CAP_PERFMON = 38
+CAP_BPF = 39
+
+
+class LayoutError(RuntimeError):
+    """The compiled record layout and the Python reader disagree."""
+
+
+def _effective_caps():
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("CapEff:"):
+                    return int(line.split()[1], 16)
+    except OSError:
+        pass
+    return 0
+
+
+def has_bpf_privileges():
+    caps = _effective_caps()
+    if os.geteuid() == 0 and caps & (1 << CAP_SYS_ADMIN):
+        return True
+    return bool(caps & (1 << CAP_BPF)) and bool(caps & (1 << CAP_PERFMON))
+
+
+def bcc_unavailable(tracepoints, tracefs=TRACEFS, privileged=None):
+    """None when bcc can load a program on `tracepoints` ("cat:event") here,
+    else the first missing piece and how to fix it."""
+    if not (has_bpf_privileges() if privileged is None else privileged):
+        return (
+            "needs root or CAP_BPF+CAP_PERFMON (plus CAP_DAC_READ_SEARCH "
+            "for tracefs): run the daemon as root or grant them in its unit"
+        )
+    try:
+        import bcc  # noqa: F401
+    except ImportError:
+        return (
+            "bcc not installed: apt-get install python3-bpfcc, then "
+            "scripts/bootstrap.sh links it into the venv"
+        )
+    if not os.path.isdir(f"{tracefs}/events"):
+        return f"tracefs not mounted at {tracefs}: mount -t tracefs tracefs {tracefs}"
+    for tp in tracepoints:
+        category, _, event = tp.partition(":")
+        if not os.path.exists(f"{tracefs}/events/{category}/{event}/format"):
+            return f"kernel lacks the {tp} tracepoint (not in {tracefs}/events)"
+    release = os.uname().release
+    if not os.path.exists(f"/lib/modules/{release}/build/include"):
+        return (
+            f"kernel headers missing: apt-get install linux-headers-{release} "
+            f"(or scripts/bootstrap.sh links the nearest headers as "
+            f"/lib/modules/{release}/build)"
+        )
+    return None
+
+
+def compile_program(source, cflags=()):
+    """Compile and load `source` (a .c file in this folder) with `cflags`;
+    its folder is on the include path so it can include its layout header."""
+    from bcc import BPF
+
+    path = os.path.join(PROBES_DIR, source)
+    flags = [f"-I{PROBES_DIR}", *cflags]
+    return BPF(src_file=path.encode(), cflags=flags)
+
+
+# ----- layouts -------------------------------------------------------------------
+
+
+def header_defines(header, prefix):
+    """{NAME: int} of `#define PREFIX... <integer>` lines in a header here."""
+    import re
+
+    with open(os.path.join(PROBES_DIR, header)) as f:
+        text = f.read()
+    pattern = rf"^#define\s+({re.escape(prefix)}\w*)\s+(0x[0-9a-fA-F]+|\d+)\b"
+    return {m[1]: int(m[2], 0) for m in re.finditer(pattern, text, re.M)}
+
+
+def struct_dtype(ctype):
+    """The numpy dtype of a bcc ctypes struct, at the compiler's offsets.
+
+    char arrays become bytes fields ('S16'), padding fields that bcc names
+    `__pad_*` are left out (the offsets keep the holes)."""
+    import ctypes as ct
+
+    names, formats, offsets = [], [], []
+    for field in ctype._fields_:
+        name, ftype = field[0], field[1]
+        if name.startswith("__pad"):
+            continue
+        if issubclass(ftype, ct.Array) and ftype._type_ is ct.c_char:
+            fmt = f"S{ftype._length_}"
+        else:
+            fmt = np.dtype(ftype).str
+        names.append(name)
+        formats.append(fmt)
+        offsets.append(getattr(ctype, name).offset)
+    return np.dtype(
+        {"names": names, "formats": formats, "offsets": offsets, "itemsize": ct.sizeof(ctype)}
+    )
+
+
+def map_value_dtype(bpf, map_name):
+    """dtype of the value type of map `map_name` (e.g. a `layout_*` array)."""
+    return struct_dtype(bpf[map_name.encode()].Leaf)
+
+
+def ring_record_dtype(record):
+    """`record` preceded by the ring buffer's 8-byte header, padded to the
+    8-byte alignment every ring record has."""
+    size = 8 + ((record.itemsize + 7) & ~7)
+    names = [n for n, _ in RINGBUF_HDR] + list(record.names)
+    formats = [f for _, f in RINGBUF_HDR] + [record.fields[n][0] for n in record.names]
+    offsets = [0, 4] + [8 + record.fields[n][1] for n in record.names]
+    return np.dtype({"names": names, "formats": formats, "offsets": offsets, "itemsize": size})
+
+
+def require_fields(dtype, names, what):
+    """LayoutError unless `dtype` has every field the reader uses."""
+    missing = [n for n in names if n not in dtype.names]
+    if missing:
+        raise LayoutError(
+            f"{what}: the compiled layout lacks field(s) {', '.join(missing)} "
+            f"that the reader uses (header and reader out of step)"
+        )
+
+
+# ----- counters ------------------------------------------------------------------
+
+
+class Counters:
+    """A one-entry BPF_F_MMAPABLE array of `struct counters` (u64 fields),
+    read without a bpf() syscall: map syscalls raise the CPU's
+    bpf_prog_active, and a tracepoint program firing on that CPU meanwhile
+    is skipped."""
+
+    def __init__(self, bpf, map_name="counters"):
+        table = bpf[map_name.encode()]
+        self.dtype = struct_dtype(table.Leaf)
+        for name in self.dtype.names:
+            if self.dtype.fields[name][0] != np.dtype("<u8"):
+                raise LayoutError(f"counter {name} must be a u64")
+        self._map = mmap.mmap(table.map_fd, PAGE_SIZE, mmap.MAP_SHARED, mmap.PROT_READ)
+        self._view = np.frombuffer(self._map, dtype=self.dtype, count=1)
+
+    def read(self):
+        return {name: int(self._view[name][0]) for name in self.dtype.names}
+
+    def close(self):
+        self._view = None
+        self._map.close()
+
+
+# ----- ring buffer ---------------------------------------------------------------
+
+
+class RingReader:
+    """User-space consumer of a BPF ring buffer map holding one record type."""
+
+    def __init__(self, bpf, map_name, dtype, pages):
+        # Layout of a BPF ring buffer map (kernel/bpf/ringbuf.c): page 0 is the
+        # consumer position (ours to write), page 1 the producer position, then
+        # the data area mapped twice in a row so a record that wraps around
+        # reads as one contiguous slice.
+        fd = bpf[map_name.encode()].map_fd
+        self.dtype = dtype
+        self.record_len = dtype.itemsize - 8
+        self.name = map_name
+        self._size = pages * PAGE_SIZE
+        self._mask = self._size - 1
+        self._cons = mmap.mmap(
+            fd, PAGE_SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE, offset=0
+        )
+        self._prod = mmap.mmap(
+            fd, PAGE_SIZE + 2 * self._size, mmap.MAP_SHARED, mmap.PROT_READ, offset=PAGE_SIZE
+        )
+        self._data = np.frombuffer(self._prod, dtype=np.uint8)
+
+    def read(self):
+        """Every committed record so far (a copy), oldest first; the space is
+        handed back to the kernel before returning."""
+        parts = []
+        while True:
+            recs = self._read_once()
+            if recs is None:
+                break
+            parts.append(recs)
+        if not parts:
+            return np.empty(0, dtype=self.dtype)
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    def _read_once(self):
+        cons = struct.unpack_from("<Q", self._cons, 0)[0]
+        prod = struct.unpack_from("<Q", self._prod, 0)[0]
+        avail = min(prod - cons, self._size)
+        n = avail // self.dtype.itemsize
+        if n <= 0:
+            return None
+        start = PAGE_SIZE + (cons & self._mask)
+        raw = np.frombuffer(self._data, dtype=self.dtype, count=n, offset=start)
+        busy = np.flatnonzero(raw["hdr_len"] & np.uint32(RINGBUF_BUSY_BIT))
+        if busy.size:
+            n = int(busy[0])
+            if n == 0:
+                return None
+        recs = raw[:n].copy()  # copy before releasing the space to the kernel
+        lens = recs["hdr_len"] & ~np.uint32(RINGBUF_BUSY_BIT | RINGBUF_DISCARD_BIT)
+        if np.any(lens != self.record_len):
+            # Only our program writes this ring, always record_len bytes.
+            raise LayoutError(f"ring {self.name} holds a record of unexpected size")
+        struct.pack_into("<Q", self._cons, 0, cons + n * self.dtype.itemsize)
+        keep = (recs["hdr_len"] & np.uint32(RINGBUF_DISCARD_BIT)) == 0
+        return recs if keep.all() else recs[keep]
+
+    def close(self):
+        self._data = None
+        self._cons.close()
+        self._prod.close()
+
+
+def program_stats(bpf):
+    """Per program: run_cnt, run_time_ns (both 0 unless sysctl
+    kernel.bpf_stats_enabled=1) and recursion_misses (runs the kernel
+    skipped because another BPF program was running on that CPU)."""
+    out = {}
+    for name, fn in bpf.funcs.items():
+        stats = {}
+        try:
+            with open(f"/proc/self/fdinfo/{fn.fd}") as f:
+                for line in f:
+                    key, _, value = line.partition(":")
+                    if key in ("run_cnt", "run_time_ns", "recursion_misses"):
+                        stats[key] = int(value)
+        except OSError:
+            continue
+        out[name.decode().rsplit("__", 1)[-1]] = stats
+    return out
+
+
+def decode_comm(values, *valids):
+    """One pyarrow string column (dictionary-encoded) per mask in `valids`
+    from an 'S16' column, NULL where the mask is false. comm values repeat a
+    lot, so each distinct one is decoded once: rows are grouped by a 64-bit
+    mix of their 16 bytes, checked byte for byte (a collision falls back to
+    decoding every row)."""
+    import pyarrow as pa
+
+    values = np.ascontiguousarray(values, dtype="S16")
+    masks = [~np.asarray(v, dtype=bool) for v in valids]
+    if len(values) == 0:
+        return [pa.array([], type=pa.string()) for _ in masks]
+    words = values.view("<u8").reshape(-1, 2)
+    with np.errstate(over="ignore"):
+        key = (words[:, 0] * np.uint64(0x9E3779B97F4A7C15)) ^ words[:, 1]
+    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    if not (words == words[first][inverse]).all():
+        text = np.char.decode(values, "utf-8", "replace")
+        return [pa.array(text, mask=m) for m in masks]
+    names = pa.array([v.decode("utf-8", "replace") for v in values[first].tolist()], pa.string())
+    inverse = inverse.astype(np.int32).ravel()
+    return [pa.DictionaryArray.from_arrays(pa.array(inverse, mask=m), names) for m in masks]
+
+
+def nullable(values, valid, dtype):
+    """A pyarrow array of `values` as `dtype`, NULL where not `valid`."""
+    import pyarrow as pa
+
+    return pa.array(np.asarray(values).astype(dtype), mask=~valid)

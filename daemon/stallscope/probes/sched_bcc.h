@@ -1,0 +1,45 @@
+// Layouts shared by sched_bcc.c and its reader, sched_bcc.py: the one source.
+//
+// The reader takes each struct's numpy dtype from the compiled program (the
+// `layout_record` map's value type and the `counters` map's value type), so
+// a field added, moved or resized here reaches Python with it; a field the
+// reader uses but this header lacks is a load-time error (bpf_common.py).
+
+#ifndef STALLSCOPE_SCHED_BCC_H
+#define STALLSCOPE_SCHED_BCC_H
+
+#define KIND_SWITCH_IN 1
+#define KIND_MIGRATE 2
+
+#define COMM_LEN 16
+
+// One per switch-in of a tracked thread, or per real migration.
+struct record {
+    u64 a_ns;        // switch-in: switched out at (0 = not seen); migrate: ts
+    u64 b_ns;        // switch-in: became runnable at (0 = no run-queue wait seen)
+    u64 c_ns;        // switch-in: switched in at
+    u32 pid;         // tgid
+    u32 tid;
+    u16 cpu_a;       // switch-in: CPU it left; migrate: from
+    u16 cpu_b;       // switch-in: CPU it runs on; migrate: to
+    u8 kind;
+    u8 preempted;    // switch-in: the switch-out was involuntary
+    u8 other_irq;    // blocked: woken from interrupt context (no waker thread)
+    u8 pad;
+    // preempted: the task switched in in its place (sched_switch next_*);
+    // blocked: the thread that woke it (sched_waking, in the waker's context).
+    // other_pid is 0 when the kernel side could not tell the tgid.
+    u32 other_tid;
+    u32 other_pid;
+    char other_comm[COMM_LEN];
+};
+
+// Loss counters, one u64 each, read by name from user space.
+struct counters {
+    u64 reserve_failed;       // ring buffer full: record dropped
+    u64 state_full;           // per-thread state map full
+    u64 lost_in_preempted;    // switch-in never seen: preempted interval lost
+    u64 lost_in_voluntary;    // same, for an interval after a voluntary switch
+};
+
+#endif

@@ -1,0 +1,223 @@
+"""Every setting of the daemon, declared once: the table `KEYS`.
+
+A `Key` says its section and name (the file's `[section] name`), its type,
+default, environment variable, `stallscope daemon` flag and whether SIGHUP
+applies it without a restart ("live"). The [probes] keys that tune probe
+backends are made from `ProbeSettings`' fields (probes/base.py), so a probe
+setting is declared in one place, beside the code that reads it. The
+default paths are written here only. `config.py` reads, converts and checks
+values against this table; `cli/daemon.py` makes the flags from it. This
+module declares; it never reads files or the environment.
+"""
+
+from dataclasses import dataclass, fields
+
+from stallscope.probes.base import ProbeSettings
+
+# The default paths, written here only (the CLI's read commands, the shipped
+# stallscope.toml and the docs take them from here; probe_client keeps its
+# own copy of the probe socket, checked equal by tests/test_layout.py).
+DEFAULT_PROBE_SOCKET = "/run/stallscope/probe.sock"
+DEFAULT_DB = "/var/lib/stallscope/stallscope.duckdb"
+# The service's API socket (the bare command serves no API by default).
+DEFAULT_API_SOCKET = "/run/stallscope/api.sock"
+# Where scripts/install.sh puts the file and the unit points --config.
+DEFAULT_CONFIG = "/etc/stallscope/stallscope.toml"
+CONFIG_ENV = "STALLSCOPE_CONFIG"
+
+
+@dataclass(frozen=True)
+class Key:
+    section: str
+    name: str
+    kind: str  # "str", "float", "int", "bool", "ints", "choice"
+    default: object
+    env: str | None  # STALLSCOPE_* variable, or None
+    flag: str | None  # argparse dest of the `stallscope daemon` flag, or None
+    live: bool = False  # applied on SIGHUP without a restart
+    choices: tuple = ()
+    minimum: float | None = None
+    doc: str = ""
+    metavar: str | None = None  # for the flag's --help
+
+    @property
+    def option(self):
+        """The `stallscope daemon` flag as typed, e.g. --max-db-mb (None: no flag)."""
+        return "--" + self.flag.replace("_", "-") if self.flag else None
+
+    @property
+    def dotted(self):
+        return f"{self.section}.{self.name}"
+
+
+def _probe_keys():
+    """[probes] keys made from ProbeSettings' fields: type, default and doc there.
+    A field of another type is no key (tests/test_settings.py fails on it)."""
+    kinds = {"str": "str", "float": "float", "int": "int", "bool": "bool", "tuple": "ints"}
+    out = []
+    for f in fields(ProbeSettings):
+        declared = dict(f.metadata)
+        kind = kinds.get(f.type if isinstance(f.type, str) else f.type.__name__)
+        if kind is None:
+            continue
+        default = list(f.default) if kind == "ints" else f.default
+        out.append(
+            Key(
+                "probes",
+                f.name,
+                kind,
+                default,
+                declared.pop("env", f"STALLSCOPE_{f.name.upper()}"),
+                declared.pop("flag", f.name),
+                **declared,
+            )
+        )
+    return out
+
+
+_DAEMON_AND_BACKEND_KEYS = [
+    Key(
+        "daemon",
+        "socket",
+        "str",
+        DEFAULT_PROBE_SOCKET,
+        "STALLSCOPE_SOCKET",
+        "socket",
+        doc="probe socket path (ignored when systemd passes the socket)",
+    ),
+    Key(
+        "daemon",
+        "db",
+        "str",
+        DEFAULT_DB,
+        "STALLSCOPE_DB",
+        "db",
+        doc="DuckDB database file",
+    ),
+    Key(
+        "daemon",
+        "allow_uids",
+        "ints",
+        [],
+        "STALLSCOPE_ALLOW_UIDS",
+        "allow_uid",
+        metavar="UID",
+        doc="accept probe connections only from these uids; empty = any that can open the socket",
+    ),
+    Key(
+        "daemon",
+        "pids",
+        "ints",
+        [],
+        "STALLSCOPE_PIDS",
+        "pid",
+        metavar="PID",
+        doc="also trace these processes (no probe client needed)",
+    ),
+    Key(
+        "probes",
+        "sched_backend",
+        "choice",
+        "auto",
+        "STALLSCOPE_SCHED_BACKEND",
+        "sched_backend",
+        choices=("auto", "bcc", "perf", "proc", "none"),
+        doc="scheduling probe backend; auto = best available",
+    ),
+    Key(
+        "probes",
+        "gpu_backend",
+        "choice",
+        "auto",
+        "STALLSCOPE_GPU_BACKEND",
+        "gpu_backend",
+        choices=("auto", "nvml", "none"),
+        doc="GPU probe; auto = on when a GPU exists",
+    ),
+]
+_RETENTION_AND_API_KEYS = [
+    Key(
+        "retention",
+        "max_db_mb",
+        "float",
+        10240.0,
+        "STALLSCOPE_MAX_DB_MB",
+        "max_db_mb",
+        live=True,
+        minimum=0,
+        doc="keep the database's used size under this many MiB; 0 = no limit",
+    ),
+    Key(
+        "retention",
+        "max_age_days",
+        "float",
+        30.0,
+        "STALLSCOPE_MAX_AGE_DAYS",
+        "max_age_days",
+        live=True,
+        minimum=0,
+        doc="delete runs older than this many days; 0 = no limit",
+    ),
+    Key(
+        "retention",
+        "check_interval_s",
+        "float",
+        300.0,
+        "STALLSCOPE_RETENTION_INTERVAL_S",
+        "retention_interval_s",
+        live=True,
+        minimum=1,
+        doc="how often the limits are checked, seconds",
+    ),
+    Key(
+        "api",
+        "socket",
+        "str",
+        "",
+        "STALLSCOPE_API_SOCKET",
+        "api_socket",
+        doc="gRPC API Unix socket; empty = no API",
+    ),
+    Key(
+        "api",
+        "listen",
+        "str",
+        "",
+        "STALLSCOPE_API_LISTEN",
+        "grpc_listen",
+        metavar="HOST:PORT",
+        doc="gRPC on TCP host:port as well; refused without tls_cert and tls_key",
+    ),
+    Key(
+        "api",
+        "tls_cert",
+        "str",
+        "",
+        "STALLSCOPE_API_TLS_CERT",
+        "tls_cert",
+        doc="PEM certificate chain for the TCP listener",
+    ),
+    Key(
+        "api",
+        "tls_key",
+        "str",
+        "",
+        "STALLSCOPE_API_TLS_KEY",
+        "tls_key",
+        doc="PEM private key for the TCP listener",
+    ),
+    Key(
+        "api",
+        "tls_client_ca",
+        "str",
+        "",
+        "STALLSCOPE_API_TLS_CLIENT_CA",
+        "tls_client_ca",
+        doc="PEM CA bundle: when set, clients must present a certificate it signed",
+    ),
+]
+
+# In the order the shipped stallscope.toml lists them.
+KEYS = _DAEMON_AND_BACKEND_KEYS + _probe_keys() + _RETENTION_AND_API_KEYS
+BY_DOTTED = {k.dotted: k for k in KEYS}
+SECTIONS = sorted({k.section for k in KEYS})

@@ -1,0 +1,108 @@
+"""Creates the schema and carries a database written by an older release forward.
+
+Two kinds of change, both applied when the daemon (or a test) opens a file:
+- additive ones live in `schema/NNN_*.sql`, written to be re-run on every
+  open (`CREATE TABLE IF NOT EXISTS`, `ALTER TABLE ... ADD COLUMN IF NOT
+  EXISTS`), so a new table or column reaches an old file for free;
+- everything else (a changed type, a backfill, a moved column) is a numbered
+  migration, `schema/migrations/NNN_name.sql`, applied once, in order, each in
+  its own transaction, and recorded in `schema_version`.
+
+`SCHEMA_VERSION` is the number of the newest migration this release knows.
+A database whose recorded version is newer (written by a newer daemon) is
+refused with `SchemaVersionError` before anything is written to it: a daemon
+must never half-understand a file. The named views are created last, after
+every table exists. Nothing here runs per record.
+"""
+
+import logging
+import re
+import time
+from pathlib import Path
+
+from stallscope.analysis import views
+
+log = logging.getLogger("stallscope.store")
+
+SCHEMA_DIR = Path(__file__).resolve().parent.parent / "schema"
+MIGRATIONS_DIR = SCHEMA_DIR / "migrations"
+
+# The release that first recorded a schema version. A file without a
+# `schema_version` table was written by the first release (version 0).
+_VERSION_TABLE = """
+CREATE TABLE IF NOT EXISTS schema_version (
+    version    INTEGER,   -- migration number applied (0: the first release's schema)
+    applied_ns BIGINT,    -- CLOCK_REALTIME ns when it was applied
+    name       VARCHAR    -- migration file name, or 'base'
+);
+"""
+
+
+class SchemaVersionError(Exception):
+    """The database was written by a newer release than this one."""
+
+
+def migrations():
+    """(number, path) of every migration file, in order."""
+    found = []
+    for path in sorted(MIGRATIONS_DIR.glob("*.sql")):
+        m = re.match(r"(\d+)_", path.name)
+        if m:
+            found.append((int(m.group(1)), path))
+    numbers = [n for n, _ in found]
+    if len(set(numbers)) != len(numbers):
+        raise RuntimeError(f"duplicate migration numbers in {MIGRATIONS_DIR}")
+    return found
+
+
+SCHEMA_VERSION = max((n for n, _ in migrations()), default=0)
+
+
+def recorded_version(con):
+    """The newest migration recorded in the file, or None for a new file."""
+    has_table = con.execute(
+        "SELECT count(*) FROM duckdb_tables() WHERE table_name = 'schema_version'"
+    ).fetchone()[0]
+    if not has_table:
+        has_runs = con.execute(
+            "SELECT count(*) FROM duckdb_tables() WHERE table_name = 'runs'"
+        ).fetchone()[0]
+        return 0 if has_runs else None
+    return con.execute("SELECT coalesce(max(version), 0) FROM schema_version").fetchone()[0]
+
+
+def apply_schema(con):
+    """Bring the database to this release's schema, then create the views."""
+    version = recorded_version(con)
+    if version is not None and version > SCHEMA_VERSION:
+        raise SchemaVersionError(
+            f"the database was written by a newer stallscope (schema version {version}, "
+            f"this release knows up to {SCHEMA_VERSION}): use that release, or a new --db"
+        )
+    for path in sorted(SCHEMA_DIR.glob("*.sql")):
+        con.execute(path.read_text())
+    con.execute(_VERSION_TABLE)
+    if version is None:
+        # A new file already has the newest schema: record it as such.
+        con.execute(
+            "INSERT INTO schema_version VALUES (?, ?, 'base')", [SCHEMA_VERSION, time.time_ns()]
+        )
+    else:
+        if version == 0 and not con.execute("SELECT count(*) FROM schema_version").fetchone()[0]:
+            con.execute("INSERT INTO schema_version VALUES (0, ?, 'base')", [time.time_ns()])
+        for number, path in migrations():
+            if number <= version:
+                continue
+            log.info("migrating the database to schema version %d (%s)", number, path.name)
+            con.execute("BEGIN TRANSACTION")
+            try:
+                con.execute(path.read_text())
+                con.execute(
+                    "INSERT INTO schema_version VALUES (?, ?, ?)",
+                    [number, time.time_ns(), path.name],
+                )
+                con.execute("COMMIT")
+            except Exception:
+                con.execute("ROLLBACK")
+                raise
+    views.create_views(con)

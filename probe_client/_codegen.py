@@ -1,0 +1,194 @@
+"""Source generation of `attach()`'s wrappers: the template and its compilation.
+
+Given a `Plan` and its `Shape` (from `_wrap.py`) and the compiled tag
+expressions (from `_expr.py`), this module writes the wrapper's source,
+compiles it once at attach time and dresses the result like the original
+(name, qualname, signature, docstring). The generated code is the hot path:
+between its two timestamps there is nothing but the user's call, and after
+them only plain reads, one record write under the buffer lock and guarded
+bookkeeping; it allocates no tracked object, holds nothing strongly that
+would make a cycle, and never raises into the caller. Never on the hot path
+itself: this module only runs in `attach()`.
+"""
+
+import inspect
+import types
+
+from . import _expr
+from ._wrap import _prefix_for, resolver, shape_for
+
+# Everything between the two timestamps is the user's call; everything after
+# is the tags and one record write, each guarded so that nothing of ours can
+# replace the call's own return value or exception. `{p}` is a prefix no
+# parameter name starts with, so the method's own names are free to use.
+_TEMPLATE = """
+def {p}make({p}p, {p}target, {p}owner, {p}self, {p}kid, {p}true_name, {p}sid, {p}pack,
+             {p}buf, {p}acquire, {p}release, {p}mono, {p}local, {p}int, {p}bool, {p}len,
+             {p}AttributeError, {p}Exception{defaults}):
+    {async_}def {p}wrapper({params}):
+        try:
+            {p}st = {p}local.st
+        except {p}AttributeError:
+            {p}st = {p}p._thread_state()
+{enter}        {p}result = None
+        {p}t0 = {p}mono()
+        try:
+            {p}result = {await_}{p}target({call})
+            return {p}result
+        finally:
+            {p}t1 = {p}mono()
+{leave}            try:
+{tags}
+                {p}acquire()
+                try:
+                    {p}pos = {p}p._pos
+                    if {p}pos >= {full}:
+                        {p}p._send_full_locked({p}t1)
+                        {p}pos = {p}p._pos
+                    {p}pack({p}buf, {p}pos, {rtype}, {p}st.depth, {p}kid, {p}st.tid, {p}t0, {p}t1,
+                           {p}st.stage_id, {p}st.batch)
+                    if {p}st.ext:
+                        {p}p._put_ext_locked({p}pos + {rs}, {p}st)
+                    else:
+                        {p}p._pos = {p}pos + {rs}
+                finally:
+                    {p}release()
+                if {p}st.depth == 0:
+                    {p}st.stage_id = 0
+                    {p}st.batch = 0
+                    if {p}st.ext:
+                        {p}st.ext = 0
+                        {p}st.work = None
+                        {p}st.idle = None
+                    if {p}t1 - {p}p._last_send_ns >= {interval} or {p}p._pos >= {half}:
+                        {p}p._flush({p}t1)
+            except {p}Exception:
+                {p}p.errors += 1
+    return {p}wrapper
+"""
+
+_TAG = """\
+                try:
+                    {p}v = {expr}
+{body}                except {p}Exception:
+                    {p}p.errors += 1
+"""
+
+_TAG_BODIES = {
+    "stage": (
+        "                    {p}st.stage_id = ({p}sid({p}true_name) if {p}v is True else 0 if "
+        "({p}v is False or {p}v is None) else {p}sid({p}v))\n"
+    ),
+    "batch": (
+        "                    if {p}v is not None:\n"
+        "                        {p}st.batch = {p}int({p}v) & 0xFFFFFFFF\n"
+    ),
+    "work": (
+        "                    if {p}v is not None:\n"
+        "                        {p}v = {p}int({p}v)\n"
+        "                        if -0x8000000000000000 <= {p}v <= 0x7FFFFFFFFFFFFFFF:\n"
+        "                            {p}st.work = {p}v\n"
+        "                            {p}st.ext = 1\n"
+    ),
+    "idle": (
+        "                    if {p}v is not None:\n"
+        "                        {p}st.idle = {p}bool({p}v)\n"
+        "                        {p}st.ext = 1\n"
+    ),
+}
+
+
+def build(probe, plan, kid, exprs, consts):
+    """The wrapper for `plan`; `exprs` maps 'stage'/'batch'/'work'/'idle'
+    to an expression (or None); `consts` holds the record layout numbers."""
+    prefix = _prefix_for(
+        plan.target if not isinstance(plan.target, types.MethodType) else plan.target.__func__
+    )
+    shape = shape_for(plan, prefix)
+    resolve = resolver(shape, prefix)
+    tags = []
+    true_name = ""
+    for field in ("stage", "batch", "work", "idle"):
+        text = exprs.get(field)
+        if text is None:
+            continue
+        code = _expr.compile_expr(text, resolve, len_name=prefix + "len")
+        if field == "stage":
+            true_name = _expr.last_name(text)
+        body = _TAG_BODIES[field].format(p=prefix)
+        tags.append(_TAG.format(p=prefix, expr=code, body=body))
+    is_async = inspect.iscoroutinefunction(plan.target)
+    call = shape.call_src
+    if plan.mode == "weak":
+        call = f"{prefix}owner(), {call}" if call else f"{prefix}owner()"
+    defaults = "".join(f", {name}" for name in shape.defaults)
+    source = _TEMPLATE.format(
+        p=prefix,
+        defaults=defaults,
+        async_="async " if is_async else "",
+        await_="await " if is_async else "",
+        params=shape.params_src,
+        call=call,
+        # An async span does not nest: other tasks run on this thread while
+        # it awaits, so it neither raises the thread's depth nor expects it.
+        enter="" if is_async else f"        {prefix}st.depth += 1\n",
+        leave="" if is_async else f"            {prefix}st.depth -= 1\n",
+        tags="".join(tags) or "                pass",
+        **consts,
+    )
+    namespace = {}
+    exec(compile(source, f"<stallscope wrapper kind={kid}>", "exec"), namespace)
+    wrapper = namespace[prefix + "make"](
+        probe,
+        plan.target,
+        plan.owner_ref,
+        plan.bound_self,
+        kid,
+        true_name,
+        probe._sid,
+        consts["pack"],
+        probe._buf,
+        probe._lock.acquire,
+        probe._lock.release,
+        consts["mono"],
+        probe._local,
+        int,
+        bool,
+        len,
+        AttributeError,
+        Exception,
+        *shape.defaults.values(),
+    )
+    # An instance's wrapper must not hold the bound method (a cycle through
+    # the instance): it shows the function it calls.
+    _dress(wrapper, plan.shown, plan.target if plan.mode == "weak" else plan.shown)
+    return wrapper
+
+
+def _dress(wrapper, shown, wrapped):
+    """Make the wrapper look like the original to inspect and to callers'
+    error messages (the code object's name is what TypeError quotes)."""
+    code = getattr(shown, "__code__", None)
+    if code is None and isinstance(shown, types.MethodType):
+        code = getattr(shown.__func__, "__code__", None)
+    if code is not None:
+        wrapper.__code__ = wrapper.__code__.replace(
+            co_name=code.co_name, co_qualname=code.co_qualname
+        )
+    for attr in ("__module__", "__doc__", "__name__", "__qualname__"):
+        try:
+            setattr(wrapper, attr, getattr(shown, attr))
+        except (AttributeError, TypeError):
+            pass
+    try:
+        wrapper.__dict__.update(getattr(wrapped, "__dict__", {}))
+    except (AttributeError, TypeError):
+        pass
+    for attr in ("cache_info", "cache_clear", "cache_parameters"):  # functools.lru_cache
+        if hasattr(wrapped, attr):
+            setattr(wrapper, attr, getattr(wrapped, attr))
+    try:
+        wrapper.__signature__ = inspect.signature(shown)
+    except (TypeError, ValueError):
+        pass  # none to show: inspect follows __wrapped__ and finds none either
+    wrapper.__wrapped__ = wrapped

@@ -1,0 +1,115 @@
+"""Every read command works the same through a running daemon's API as on the
+file, and finds the API by itself: the daemon publishes its socket beside the
+database, so `--db` alone is enough while it runs (the API socket here is not
+the default one). `report --out` draws its figures through the API too."""
+
+import gc
+import os
+import subprocess
+import sys
+
+import pytest
+
+import probe_client
+from helpers.api import start_api_daemon, stop
+from helpers.waiting import wait_for
+from stallscope.service.endpoint import endpoint_path
+
+
+def cli(*args, env=None):
+    return subprocess.run(
+        [sys.executable, "-m", "stallscope.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+
+
+def _engine_runs(socket_path):
+    """Two runs: steps with stages and batches, and a GC pass inside a step."""
+    for label in ("before", "after"):
+        probe = probe_client.connect(socket_path=socket_path, run_label=label)
+        for i in range(300):
+            t0 = probe.begin()
+            if i == 150:
+                gc.collect()
+            probe.end("step", t0, stage=("prefill", "decode")[i % 2], batch=1 + i % 4)
+        probe.close()
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    path = tmp_path_factory.mktemp("read")
+    d = start_api_daemon(path)
+    _engine_runs(d.socket)
+    env = dict(os.environ)
+    env.pop("STALLSCOPE_API_SOCKET", None)
+    assert wait_for(
+        lambda: "after" in cli("query", "SELECT label FROM runs", "--db", d.db, env=env).stdout
+    )
+    yield d, env, path
+    stop(d)
+
+
+# What the live tests saw, for the last test to compare with the file
+# (pytest runs a module's tests in file order).
+LIVE = {}
+
+COMMANDS = {
+    "query": [
+        "query",
+        "SELECT label, count(*) FROM spans JOIN runs USING (run_id) GROUP BY 1 ORDER BY 1",
+    ],
+    "query_view": [
+        "query",
+        "SELECT * FROM step_attribution ORDER BY run_id, tid, step_idx",
+        "--format",
+        "csv",
+    ],
+    "status": ["status"],
+    "compare": ["compare", "before", "after"],
+    "report": ["report"],
+}
+
+
+def test_endpoint_is_published_beside_the_database(served):
+    d, _, _ = served
+    with open(endpoint_path(d.db)) as f:
+        assert d.api_socket in f.read()
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_read_command_through_the_api_equals_the_file(served, name):
+    d, env, path = served
+    live = cli(*COMMANDS[name], "--db", d.db, env=env)
+    assert live.returncode == 0, live.stderr
+    assert live.stdout.strip()
+    LIVE[name] = live.stdout
+
+
+def test_report_figures_through_the_api(served):
+    d, env, path = served
+    out = path / "figures_live"
+    live = cli("report", "--db", d.db, "--out", str(out), env=env)
+    assert live.returncode == 0, live.stderr  # was: AttributeError ... fetchnumpy
+    pngs = sorted(p.name for p in out.glob("*.png"))
+    assert pngs, live.stdout
+    LIVE["pngs"] = pngs
+
+
+def test_after_stop_the_file_gives_the_same_answers(served):
+    """Runs last in this module: stops the daemon and reads the file directly."""
+    d, env, path = served
+    live = LIVE
+    assert set(COMMANDS) | {"pngs"} == set(live), "run the whole module"
+    stop(d)
+    assert not os.path.exists(endpoint_path(d.db))  # withdrawn at exit
+    for name, args in COMMANDS.items():
+        on_file = cli(*args, "--db", d.db, env=env)
+        assert on_file.returncode == 0, on_file.stderr
+        assert on_file.stdout == live[name], name
+    out = path / "figures_file"
+    on_file = cli("report", "--db", d.db, "--out", str(out), env=env)
+    assert on_file.returncode == 0, on_file.stderr
+    assert sorted(p.name for p in out.glob("*.png")) == live["pngs"]

@@ -1,0 +1,108 @@
+"""Coverage rows and diagnosis windows, on a real database and fake probes."""
+
+import pytest
+
+from stallscope.service import config
+from stallscope.service.coverage import Coverage
+from stallscope.service.deep import MAX_WINDOW_S, DeepWindows
+from stallscope.service.store import Store
+
+
+class FakeProbe:
+    def __init__(self, name):
+        self.name = name
+        self.attached = False
+        self.calls = []
+
+    def attach(self):
+        self.attached = True
+        self.calls.append("attach")
+
+    def detach(self):
+        self.attached = False
+        self.calls.append("detach")
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = Store(str(tmp_path / "c.duckdb"))
+    yield s
+    s.close()
+
+
+def rows(store):
+    store.flush()
+    cur = store.cursor()
+    try:
+        return cur.execute(
+            "SELECT run_id, probe, start_ns, end_ns FROM coverage ORDER BY run_id, probe, start_ns"
+        ).fetchall()
+    finally:
+        cur.close()
+
+
+def test_rows_follow_runs_and_windows(store):
+    cov = Coverage(store)
+    sc = FakeProbe("syscalls")
+    deep = DeepWindows([sc, FakeProbe("sched")], cov)
+    assert deep.probes == [sc] and not sc.attached
+    cov.run_started(1, 100, ["sched", "page_faults"], now_ns=10)
+    cov.run_started(1, 100, ["sched"], now_ns=11)  # a reconnect: still one open row
+    until, names = deep.start(1.0)
+    assert sc.attached and names == ["syscalls"]
+    deep.tick(now_ns=until - 1)
+    assert sc.attached
+    cov.run_started(2, 200, ["sched", "syscalls"], now_ns=20)
+    deep.tick(now_ns=until)
+    assert not sc.attached and sc.calls == ["attach", "detach"]
+    cov.run_ended(1, now_ns=30)
+    cov.close_all(now_ns=40)
+    got = rows(store)
+    assert [(r, p, e) for r, p, _, e in got] == [
+        (1, "page_faults", 30),
+        (1, "sched", 30),
+        (1, "syscalls", until),
+        (2, "sched", 40),
+        (2, "syscalls", until),
+    ]
+    assert [s for r, p, s, _ in got if p != "syscalls"] == [10, 10, 20]
+
+
+def test_window_extends_and_deep_mode_stays(store):
+    cov = Coverage(store)
+    sc = FakeProbe("syscalls")
+    deep = DeepWindows([sc], cov)
+    u1, _ = deep.start(1.0)
+    u2, _ = deep.start(5.0)
+    assert u2 > u1 and sc.calls == ["attach"] and deep.windows == 1
+    deep.start(10 * MAX_WINDOW_S)
+    assert deep.until_ns - u2 <= MAX_WINDOW_S * 1e9
+    with pytest.raises(ValueError):
+        deep.start(0)
+    always = DeepWindows([FakeProbe("syscalls")], cov, deep=True)
+    assert always.probes[0].attached
+    assert always.start(1.0) == (None, ["syscalls"])
+    always.tick(now_ns=1 << 62)
+    assert always.probes[0].attached
+    with pytest.raises(RuntimeError, match="no expensive probe"):
+        DeepWindows([], cov).start(1.0)
+
+
+def test_deep_settings_parse():
+    cfg = config.resolve({}, environ={})
+    assert cfg["probes.deep"] is False and cfg["probes.kernel_causes"] is True
+    assert cfg["probes.syscall_threshold_us"] == 50.0
+    cfg = config.resolve({"deep": True, "syscall_threshold_us": 200.0}, environ={})
+    assert cfg["probes.deep"] is True and cfg["probes.syscall_threshold_us"] == 200.0
+    assert config.resolve({}, environ={"STALLSCOPE_DEEP": "yes"})["probes.deep"] is True
+    with pytest.raises(config.ConfigError, match="probes.deep"):
+        config.resolve({}, environ={"STALLSCOPE_DEEP": "maybe"})
+
+
+def test_deep_in_a_file_must_be_a_boolean(tmp_path):
+    f = tmp_path / "s.toml"
+    f.write_text('[probes]\ndeep = "yes"\n')
+    with pytest.raises(config.ConfigError, match="probes.deep"):
+        config.resolve({}, config_file=str(f), environ={})
+    f.write_text("[probes]\ndeep = true\n")
+    assert config.resolve({}, config_file=str(f), environ={})["probes.deep"] is True

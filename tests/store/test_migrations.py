@@ -1,0 +1,137 @@
+"""A database written by the previous release (schema 0.1.0, kept verbatim in
+fixtures/) opens in this one with every row intact, gains this release's
+tables and columns, records its schema version, and is then read by a real
+daemon; a database from a newer release is refused before anything is written."""
+
+from pathlib import Path
+
+import duckdb
+import pytest
+
+import probe_client
+from helpers.daemonproc import DaemonProcess
+from stallscope.service import migrations
+from stallscope.service.store import Store
+
+OLD_SCHEMA = Path(__file__).parent / "fixtures" / "schema_0.1.0"
+
+
+def make_old_database(path):
+    """What the 0.1.0 daemon left behind: its tables, a run, spans, GC, offcpu."""
+    con = duckdb.connect(str(path))
+    for sql in sorted(OLD_SCHEMA.glob("*.sql")):
+        con.execute(sql.read_text())
+    con.execute(
+        "INSERT INTO runs (run_id, pid, label, started_ns, records) VALUES (1, 4242, 'old', 100, 3)"
+    )
+    con.execute(
+        "INSERT INTO spans VALUES (1, 7, 'step', 'coda', 4, 1000, 2000, 0, 1),"
+        " (1, 7, 'step', 'coda', 4, 3000, 9000, 0, 2)"
+    )
+    con.execute("INSERT INTO gc_events VALUES (1, 7, 2, 3500, 8500, 10, 0, 3)")
+    con.execute(
+        "INSERT INTO offcpu (pid, tid, start_ns, end_ns, preempted, cpu) VALUES (4242, 7, 3100, 3200, true, 0)"
+    )
+    con.execute("CHECKPOINT")
+    con.close()
+
+
+def columns(con, table):
+    return {r[0] for r in con.execute(f"DESCRIBE {table}").fetchall()}
+
+
+def test_old_database_is_migrated_in_place_with_rows_intact(tmp_path):
+    db = tmp_path / "old.duckdb"
+    make_old_database(db)
+    store = Store(str(db))
+    try:
+        con = store.cursor()
+        assert con.execute("SELECT count(*) FROM spans").fetchone()[0] == 2
+        assert con.execute("SELECT generation, collected FROM gc_events").fetchall() == [(2, 10)]
+        assert {"work", "idle"} <= columns(con, "spans")
+        assert {"preemptor_pid", "waker_tid", "wakeup_ns"} <= columns(con, "offcpu")
+        for table in ("syscalls", "page_faults", "irq_time", "steal", "coverage"):
+            assert con.execute(f"SELECT count(*) FROM {table}").fetchone()[0] == 0
+        versions = con.execute(
+            "SELECT version, name FROM schema_version ORDER BY version"
+        ).fetchall()
+        assert versions[0] == (0, "base")
+        assert versions[-1][0] == migrations.SCHEMA_VERSION
+        # Old rows read through the new views: the new columns are NULL, not made up.
+        assert (
+            con.execute(
+                "SELECT count(*) FROM spans WHERE work IS NULL AND idle IS NULL"
+            ).fetchone()[0]
+            == 2
+        )
+        assert con.execute("SELECT count(*) FROM step_attribution").fetchone()[0] == 2
+    finally:
+        store.close()
+    # Opening again applies nothing twice.
+    store = Store(str(db))
+    try:
+        n = store.cursor().execute("SELECT count(*) FROM schema_version").fetchone()[0]
+        assert n == len(versions)
+    finally:
+        store.close()
+
+
+def test_new_database_records_the_current_version(tmp_path):
+    store = Store(str(tmp_path / "new.duckdb"))
+    try:
+        rows = store.cursor().execute("SELECT version, name FROM schema_version").fetchall()
+        assert rows == [(migrations.SCHEMA_VERSION, "base")]
+    finally:
+        store.close()
+
+
+def test_database_from_a_newer_release_is_refused_untouched(tmp_path):
+    db = tmp_path / "future.duckdb"
+    store = Store(str(db))
+    store.cursor().execute(
+        "INSERT INTO schema_version VALUES (?, 0, '999_future.sql')",
+        [migrations.SCHEMA_VERSION + 1],
+    )
+    store.close()
+    before = db.read_bytes()
+    with pytest.raises(migrations.SchemaVersionError, match="newer stallscope"):
+        Store(str(db))
+    con = duckdb.connect(str(db), read_only=True)
+    assert (
+        con.execute("SELECT max(version) FROM schema_version").fetchone()[0]
+        == migrations.SCHEMA_VERSION + 1
+    )
+    con.close()
+    assert len(db.read_bytes()) == len(before)
+
+
+def test_daemon_opens_an_old_database_and_adds_new_runs(tmp_path):
+    db = tmp_path / "old.duckdb"
+    make_old_database(db)
+    d = DaemonProcess(tmp_path)
+    d.db = str(db)
+    d.start()
+    try:
+        probe = probe_client.connect(socket_path=d.socket, gc=False, run_label="new")
+        for _ in range(100):
+            probe.end("step", probe.begin(), stage="coda", batch=4)
+        probe.close()  # sent before the SIGTERM below: the daemon drains it
+    finally:
+        rc = d.stop()
+    assert rc[0] == 0
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        labels = dict(con.execute("SELECT label, count(*) FROM runs GROUP BY label").fetchall())
+        assert labels == {"old": 1, "new": 1}
+        n_new = con.execute(
+            "SELECT count(*) FROM spans JOIN runs USING (run_id) WHERE label = 'new'"
+        ).fetchone()[0]
+        assert n_new == 100
+        assert (
+            con.execute(
+                "SELECT count(*) FROM spans JOIN runs USING (run_id) WHERE label = 'old'"
+            ).fetchone()[0]
+            == 2
+        )
+    finally:
+        con.close()
