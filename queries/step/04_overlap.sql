@@ -12,22 +12,25 @@
 -- so the thread was held off by a CPU quota), 'lock' (woken by another
 -- thread of the same process), 'peer' (woken by a thread of another traced
 -- process), 'blocked' (anything else: a timer, an interrupt, an untraced
--- process, or unknown). A wait that ended by a timer or interrupt takes the
--- waker of the wait that follows it when the thread blocked again within
--- step_params.lock_chain_gap_ns and that chain of waits ends with a thread's
+-- process, or unknown). A wait that ended by a timer or interrupt, or with
+-- no known waker, takes the waker of the wait that follows it when the
+-- thread went off CPU again within step_params.lock_chain_gap_ns and that
+-- chain (through more such waits, and preemptions) ends with a thread's
 -- wake-up: a GIL waiter times out every switch interval and waits again
 -- until the holder wakes it.
 CREATE OR REPLACE VIEW _offcpu_event AS
 WITH p AS (SELECT * FROM step_params),
-vol AS (    -- voluntary waits the probe saw the end of (waker or timer known)
-    SELECT pid, tid, start_ns, end_ns, waker_pid, waker_tid, waker_comm,
+vol AS (    -- off-CPU rows of a probe that reports wake-ups and preemptors (none
+            -- in older data): a chain runs through timed-out waits, waits
+            -- with an unknown waker and preemptions, to a thread's wake-up
+    SELECT pid, tid, start_ns, end_ns, waker_pid, waker_tid, waker_comm, preempted,
            lead(start_ns) OVER (PARTITION BY pid, tid ORDER BY start_ns) - end_ns AS gap_after
     FROM offcpu
-    WHERE end_ns > start_ns AND resolution_ns IS NULL AND NOT coalesce(preempted, false)
-      AND (waker_tid IS NOT NULL OR waker_irq)
+    WHERE end_ns > start_ns AND resolution_ns IS NULL
+      AND (wakeup_ns IS NOT NULL OR waker_tid IS NOT NULL OR waker_irq OR preemptor_pid IS NOT NULL)
 ), chain AS (
-    SELECT v.pid, v.tid, v.start_ns, v.waker_tid IS NOT NULL AS own,
-        first_value(CASE WHEN v.waker_tid IS NOT NULL THEN
+    SELECT v.pid, v.tid, v.start_ns, v.waker_tid IS NOT NULL OR coalesce(v.preempted, false) AS own,
+        first_value(CASE WHEN v.waker_tid IS NOT NULL AND NOT coalesce(v.preempted, false) THEN
             {'s': v.start_ns, 'pid': v.waker_pid, 'tid': v.waker_tid, 'comm': v.waker_comm} END IGNORE NULLS)
             OVER f AS nxt,
         first_value(CASE WHEN v.gap_after IS NULL OR v.gap_after > p.lock_chain_gap_ns THEN v.end_ns END

@@ -205,3 +205,35 @@ def test_preemptor_is_the_task_with_the_most_time_not_the_longest_interval():
     (r,) = [r for r in rows(con, "slow")]
     assert r["cause"] == "preemption" and r["preempted_ns"] == int(5.5 * MS)
     assert (r["preemptor_pid"], r["preemptor_comm"]) == (7, "kworker")
+
+
+def test_a_lock_chain_runs_through_unknown_wakers_and_preemptions():
+    """A GIL wait as the kernel probe saw it on a loaded host: a timed-out
+    wait, a wait whose waker it could not name, a preemption, then the
+    holder's wake-up, each a few microseconds after the last."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from db import add_run, add_steps, new_db, normal_steps
+
+    con = new_db()
+    add_run(con, 1, 100)
+    add_steps(con, 1, 11, normal_steps(0, 9) + [(1000, 1015)])
+    for s, e, pre, wtid, wcomm, irq, ppid in (
+        (1001, 1004, False, None, None, True, None),  # timed out
+        (1004.01, 1004.31, False, None, None, None, None),  # waker unknown
+        (1004.32, 1004.52, True, None, None, None, 300),  # preempted by 'hog'
+        (1004.53, 1005.03, False, 12, "holder", False, None),  # the holder lets go
+        (1010, 1011, False, None, None, True, None),  # later: a plain timer sleep
+    ):
+        con.execute(
+            "INSERT INTO offcpu (pid, tid, start_ns, end_ns, preempted, cpu, waker_pid, waker_tid, "
+            "waker_comm, waker_irq, wakeup_ns, preemptor_pid, preemptor_comm) "
+            "VALUES (100, 11, ?, ?, ?, 0, ?, ?, ?, ?, ?, ?, 'hog')",
+            [int(s * MS), int(e * MS), pre, 100 if wtid else None, wtid, wcomm, irq,
+             None if pre else int(e * MS), ppid],
+        )  # fmt: skip
+    (r,) = rows(con, "slow")
+    assert r["lock_ns"] == int(3.8 * MS) and r["preempted_ns"] == int(0.2 * MS)
+    assert r["blocked_ns"] == 1 * MS and r["cause"] == "lock"
+    assert (r["waker_tid"], r["waker_comm"]) == (12, "holder")
