@@ -17,14 +17,17 @@
 -- thread went off CPU again within step_params.lock_chain_gap_ns and that
 -- chain (through more such waits, and preemptions) ends with a thread's
 -- wake-up: a GIL waiter times out every switch interval and waits again
--- until the holder wakes it.
+-- until the holder wakes it. A chain whose end names no thread takes the
+-- thread wake-up that began it (the sibling that woke the step and then
+-- kept the GIL).
 CREATE OR REPLACE VIEW _offcpu_event AS
 WITH p AS (SELECT * FROM step_params),
 vol AS (    -- off-CPU rows of a probe that reports wake-ups and preemptors (none
             -- in older data): a chain runs through timed-out waits, waits
             -- with an unknown waker and preemptions, to a thread's wake-up
     SELECT pid, tid, start_ns, end_ns, waker_pid, waker_tid, waker_comm, preempted,
-           lead(start_ns) OVER (PARTITION BY pid, tid ORDER BY start_ns) - end_ns AS gap_after
+           lead(start_ns) OVER (PARTITION BY pid, tid ORDER BY start_ns) - end_ns AS gap_after,
+           start_ns - lag(end_ns) OVER (PARTITION BY pid, tid ORDER BY start_ns) AS gap_before
     FROM offcpu
     WHERE end_ns > start_ns AND resolution_ns IS NULL
       AND (wakeup_ns IS NOT NULL OR waker_tid IS NOT NULL OR waker_irq OR preemptor_pid IS NOT NULL)
@@ -34,12 +37,23 @@ vol AS (    -- off-CPU rows of a probe that reports wake-ups and preemptors (non
             {'s': v.start_ns, 'pid': v.waker_pid, 'tid': v.waker_tid, 'comm': v.waker_comm} END IGNORE NULLS)
             OVER f AS nxt,
         first_value(CASE WHEN v.gap_after IS NULL OR v.gap_after > p.lock_chain_gap_ns THEN v.end_ns END
-            IGNORE NULLS) OVER f AS chain_end_ns
+            IGNORE NULLS) OVER f AS chain_end_ns,
+        last_value(CASE WHEN v.waker_tid IS NOT NULL AND NOT coalesce(v.preempted, false) THEN
+            {'s': v.start_ns, 'pid': v.waker_pid, 'tid': v.waker_tid, 'comm': v.waker_comm} END IGNORE NULLS)
+            OVER b AS prv,
+        last_value(CASE WHEN v.gap_before IS NULL OR v.gap_before > p.lock_chain_gap_ns THEN v.start_ns END
+            IGNORE NULLS) OVER b AS chain_begin_ns
     FROM vol v, p
-    WINDOW f AS (PARTITION BY v.pid, v.tid ORDER BY v.start_ns ROWS BETWEEN CURRENT ROW AND UNBOUNDED FOLLOWING)
-), eff AS (  -- the waker a timed-out wait inherits from its chain
-    SELECT pid, tid, start_ns, nxt.pid AS waker_pid, nxt.tid AS waker_tid, nxt.comm AS waker_comm
-    FROM chain WHERE NOT own AND nxt.s < chain_end_ns
+    WINDOW f AS (PARTITION BY v.pid, v.tid ORDER BY v.start_ns ROWS BETWEEN CURRENT ROW AND UNBOUNDED FOLLOWING),
+           b AS (PARTITION BY v.pid, v.tid ORDER BY v.start_ns ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
+), eff AS (  -- the waker a timed-out wait inherits from its chain: the thread
+             -- wake-up that ends it, else the one that began it
+    SELECT pid, tid, start_ns,
+        CASE WHEN nxt.s < chain_end_ns THEN nxt ELSE prv END AS w
+    FROM chain
+    WHERE NOT own AND (nxt.s < chain_end_ns OR prv.s >= chain_begin_ns)
+), eff1 AS (
+    SELECT pid, tid, start_ns, w.pid AS waker_pid, w.tid AS waker_tid, w.comm AS waker_comm FROM eff
 ), traced AS (SELECT pid, max(run_id) AS run_id FROM runs WHERE pid IS NOT NULL GROUP BY pid)
 SELECT o.pid, o.tid, o.start_ns, o.end_ns, o.preempted,
     o.wakeup_ns,
@@ -56,7 +70,7 @@ SELECT o.pid, o.tid, o.start_ns, o.end_ns, o.preempted,
         ELSE 'blocked'
     END AS cls
 FROM offcpu o
-LEFT JOIN eff e ON e.pid = o.pid AND e.tid = o.tid AND e.start_ns = o.start_ns
+LEFT JOIN eff1 e ON e.pid = o.pid AND e.tid = o.tid AND e.start_ns = o.start_ns
 LEFT JOIN traced t
   ON t.pid = CASE WHEN o.preempted THEN o.preemptor_pid ELSE coalesce(o.waker_pid, e.waker_pid) END
 WHERE o.end_ns > o.start_ns AND o.resolution_ns IS NULL;
