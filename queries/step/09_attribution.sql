@@ -246,7 +246,7 @@ SELECT
     CASE WHEN sched_cov THEN preemptor.pid END AS preemptor_pid,    -- tgid of the task holding the CPU for most of the preempted time (0: idle)
     CASE WHEN sched_cov THEN preemptor.comm END AS preemptor_comm,  -- its comm
     CASE WHEN sched_cov THEN preemptor.run_id END AS preemptor_run_id,  -- its run, when it is a traced process
-    CASE WHEN sched_cov THEN waker.tid END AS waker_tid,            -- the thread that woke the step from its longest sleep (NULL: timer, interrupt, unknown)
+    CASE WHEN sched_cov THEN waker.tid END AS waker_tid,            -- the thread the step waited on for most of its sleep (its wake-ups, and timed-out waits chained to them; NULL: timer, interrupt, unknown)
     CASE WHEN sched_cov THEN waker.comm END AS waker_comm,          -- its comm
     CASE WHEN sched_cov THEN waker.pid END AS waker_pid,            -- its process
     CASE WHEN sched_cov THEN waker.run_id END AS waker_run_id,      -- its run, when it is a traced process
