@@ -28,18 +28,21 @@ SELECT
     g.start_ns AS gc_start_ns,                                    -- CLOCK_MONOTONIC ns
     round((g.start_ns - w.window_start_ns) / 1e9, 3) AS window_s, -- pass start, s into the measurement window (negative before it)
     g.start_ns >= w.window_start_ns AND g.start_ns < w.window_end_ns AS in_window, -- started inside the window
-    ws.window_step_idx AS step_idx,                               -- overlapped step's 0-based index in the window, NULL outside
+    ws.window_step_idx AS step_idx,                               -- overlapped step's 0-based index in the window, NULL outside or when it overlapped no step
     ws.window_steps,                                              -- steps in the run's window
     round((g.end_ns - g.start_ns) / 1e6, 3) AS pause_ms,          -- pass duration, ms
     g.collected,                                                  -- objects collected
     g.uncollectable,                                              -- objects found uncollectable
-    ws.stage,                                                     -- overlapped step's stage (NULL: overlapped no step)
+    ws.stage,                                                     -- overlapped step's stage (NULL: no stage, or no step: see step_idx)
     ws.batch,                                                     -- overlapped step's batch size
     round(ws.duration_ns / 1e6, 3) AS step_ms,                    -- overlapped step's duration, ms
     round(h.overlap_ns / 1e6, 3) AS overlap_ms,                   -- pass time inside that step, ms
-    coalesce(ws.stage = 'prefill', false) AS in_prefill,                           -- landed in a prefill step (the seed does not count it as a stall)
-    ws.stage IS NOT NULL AND ws.stage <> 'prefill' AS stall       -- stalled a non-prefill step
+    coalesce(ws.stage = p.prefill_stage, false) AS in_prefill,    -- landed in a prefill step (step_params.prefill_stage; the seed does not count it as a stall)
+    ws.step_idx IS NOT NULL AND ws.stage IS DISTINCT FROM p.prefill_stage
+        AND NOT ws.idle AS stall,                                 -- stalled a step that is neither prefill nor idle (a step without a stage counts)
+    coalesce(ws.idle, false) AS in_idle                           -- landed in an idle step (not a stall)
 FROM gc_events g
+CROSS JOIN step_params p
 LEFT JOIN runs r USING (run_id)
 LEFT JOIN step_window w USING (run_id)
 LEFT JOIN hit h ON h.run_id = g.run_id AND h.gc_start_ns = g.start_ns

@@ -3,6 +3,9 @@
 -- current connection with, e.g.:
 --     SET VARIABLE step_slow_factor = 1.5;
 -- and every step_* and seed_* view follows. RESET VARIABLE restores it.
+-- The defaults are mirrored, one name for one name, by
+-- daemon/stallscope/analysis/rules.py (the live alerts, `top` and the
+-- report use that module); a test checks that the two agree.
 
 -- The effective parameters, one row.
 CREATE OR REPLACE VIEW step_params AS
@@ -23,4 +26,19 @@ SELECT
     -- Only this NVML device index is joined with steps; NULL = every GPU.
     getvariable('step_gpu')::INTEGER                                     AS gpu,
     -- Steps at least this long count as long in seed_runs (nanoseconds).
-    coalesce(getvariable('seed_long_step_ns'), 100000000)::BIGINT       AS long_step_ns;
+    coalesce(getvariable('seed_long_step_ns'), 100000000)::BIGINT       AS long_step_ns,
+    -- The stage name of prompt processing: such steps are not stalls in the
+    -- seed tables (seed_gen2.in_prefill, seed_runs.long_non_prefill). An
+    -- engine without stages has no prefill step; every step of it counts.
+    coalesce(getvariable('step_prefill_stage'), 'prefill')::VARCHAR     AS prefill_stage,
+    -- A baseline group (same run, stage and batch; or same run, stage and
+    -- work bucket) needs at least this many non-idle steps; smaller groups
+    -- fall back (see step_baseline).
+    coalesce(getvariable('step_baseline_min_steps'), 5)::BIGINT         AS baseline_min_steps,
+    -- Work buckets per doubling of spans.work (4: buckets about 19% wide).
+    coalesce(getvariable('step_work_buckets_per_octave'), 4)::DOUBLE    AS work_buckets_per_octave,
+    -- A blocked interval that ended by a timer or interrupt belongs to the
+    -- lock wait that follows it when the thread blocks again within this
+    -- long (nanoseconds): a GIL waiter times out every switch interval,
+    -- runs a few microseconds, and waits again until the holder wakes it.
+    coalesce(getvariable('step_lock_chain_gap_ns'), 50000)::BIGINT      AS lock_chain_gap_ns;

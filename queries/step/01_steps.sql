@@ -14,6 +14,15 @@
 -- run-queue intervals rarely straddle a step boundary.
 
 -- One row per step, numbered per (run, thread) in start order.
+--
+-- Idle steps: a loop iteration that had nothing to do (a continuous-batching
+-- engine waits up to ~100 ms for a request) is a step, but not a slow one.
+-- A step is idle when the client marked it (spans.idle, attach(idle=...)),
+-- or when its batch is 0 on a thread whose other steps report batch sizes.
+-- On a thread where every step has batch 0 the engine reports no batch
+-- size at all (0 = unknown): there batch 0 means nothing and no step is
+-- idle by it. Idle steps are kept in every view, counted on their own, never
+-- slow or long, and left out of baselines and percentiles.
 CREATE OR REPLACE VIEW _step AS
 SELECT
     s.run_id,                         -- run (runs.run_id)
@@ -24,7 +33,11 @@ SELECT
     s.start_ns,                       -- CLOCK_MONOTONIC ns
     s.end_ns,                         -- CLOCK_MONOTONIC ns
     s.end_ns - s.start_ns AS duration_ns,  -- ns
-    row_number() OVER (PARTITION BY s.run_id, s.tid ORDER BY s.start_ns, s.seq) - 1 AS step_idx
+    row_number() OVER (PARTITION BY s.run_id, s.tid ORDER BY s.start_ns, s.seq) - 1 AS step_idx,
+    s.work,                           -- the user's work measure (attach(work=...)), NULL if none
+    coalesce(s.idle, false)
+        OR (coalesce(s.batch, 0) = 0
+            AND max(coalesce(s.batch, 0)) OVER (PARTITION BY s.run_id, s.tid) > 0) AS idle  -- see above
 FROM spans s
 LEFT JOIN runs r USING (run_id)
 WHERE s.kind = 'step' AND s.start_ns IS NOT NULL AND s.end_ns >= s.start_ns;

@@ -262,6 +262,6 @@ def test_stall_alert_carries_gc_overlap(api_daemon, client):
     assert alerts, f"no alert with GC overlap; got {col.of('stall_alert')}"
     a = alerts[-1]
     assert a.stage == "recurrent" and a.batch == 4 and a.pid == os.getpid()
-    assert a.gc_generation == 2 and a.cause == "gc_gen2"
+    assert a.gc_generation == 2 and a.cause == "gc"
     assert a.duration_ns > 1.2 * a.baseline_ns and a.ratio > 1.2
     assert a.gc_overlap_ns <= a.duration_ns

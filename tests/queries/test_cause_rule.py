@@ -137,19 +137,47 @@ def test_gc_inside_submit_is_gc_not_submit():
     assert row["submit_host_ns"] == 3 * MS and row["cause"] == "gc"
 
 
-def brute_force(steps, gcs, offs):
-    """Per step (run, tid, start, end): gc_ns, preempted_ns, blocked_ns by direct intersection."""
-    out = {}
-    for run, tid, s, e in steps:
-        gc = sum(max(0, min(ge, e) - max(gs, s)) for (grun, gs, ge) in gcs if grun == run)
-        pre = sum(
-            max(0, min(oe, e) - max(os_, s)) for (otid, os_, oe, p) in offs if otid == tid and p
-        )
-        blk = sum(
-            max(0, min(oe, e) - max(os_, s)) for (otid, os_, oe, p) in offs if otid == tid and not p
-        )
-        out[(run, tid, s)] = (gc, pre, blk)
+def _union(intervals):
+    """Disjoint islands of a list of (start, end)."""
+    out = []
+    for s, e in sorted(intervals):
+        if out and s <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], e)
+        else:
+            out.append([s, e])
     return out
+
+
+def _inter(a, b, islands):
+    return sum(max(0, min(b, e) - max(a, s)) for s, e in islands)
+
+
+def brute_force(steps, gcs, offs):
+    """Per step (run, tid, start, end), by direct intersection: raw off-CPU
+    time (preempted, blocked) and the disjoint components (gc; preempted and
+    blocked less the GC time inside them)."""
+    raw, parts = {}, {}
+    for run, tid, s, e in steps:
+        gc = _union(
+            [
+                (max(gs, s), min(ge, e))
+                for (grun, gs, ge) in gcs
+                if grun == run and gs < e and s < ge
+            ]
+        )
+        pre = blk = pre_net = blk_net = 0
+        for otid, os_, oe, p in offs:
+            a, b = max(os_, s), min(oe, e)
+            if otid != tid or a >= b:
+                continue
+            net = (b - a) - _inter(a, b, gc)
+            if p:
+                pre, pre_net = pre + b - a, pre_net + net
+            else:
+                blk, blk_net = blk + b - a, blk_net + net
+        raw[(run, tid, s)] = (pre, blk)
+        parts[(run, tid, s)] = (sum(ie - is_ for is_, ie in gc), pre_net, blk_net)
+    return raw, parts
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -167,9 +195,13 @@ def test_interval_joins_match_brute_force(seed):
             e = s + rnd.randint(1, 8)
             steps.append((1, tid, s * MS, e * MS))
             t = e
+    # GC passes of one process never overlap (a collection stops every
+    # thread): 25 of any length, one after another with random gaps
+    t = 0
     for _ in range(25):
-        s = rnd.randint(0, 200) * MS + rnd.randint(0, MS)
-        gcs.append((1, s, s + rnd.randint(1, 20 * MS)))
+        s = t + rnd.randint(0, 8 * MS)
+        t = s + rnd.randint(1, 20 * MS)
+        gcs.append((1, s, t))
     for _ in range(60):
         tid = rnd.choice((11, 12))
         s = rnd.randint(0, 200) * MS + rnd.randint(0, MS)
@@ -186,9 +218,18 @@ def test_interval_joins_match_brute_force(seed):
             "INSERT INTO offcpu (pid, tid, start_ns, end_ns, preempted, cpu) VALUES (?, ?, ?, ?, ?, 0)",
             [PID, tid, s, e, p],
         )
-    want = brute_force(steps, gcs, offs)
+    want_raw, want_parts = brute_force(steps, gcs, offs)
+    rows = attribution(con)
     got = {
         (r["run_id"], r["tid"], r["start_ns"]): (r["gc_ns"], r["preempted_ns"], r["blocked_ns"])
-        for r in attribution(con)
+        for r in rows
     }
-    assert got == want
+    assert got == want_parts
+    start = {(r["run_id"], r["tid"], r["step_idx"]): r["start_ns"] for r in rows}
+    sched = {
+        (run, tid, start[(run, tid, idx)]): (pre, blk)
+        for run, tid, idx, pre, blk in con.execute(
+            "SELECT run_id, tid, step_idx, preempted_ns, blocked_ns FROM step_sched"
+        ).fetchall()
+    }
+    assert sched == {k: v for k, v in want_raw.items() if v != (0, 0)}

@@ -103,7 +103,7 @@ def compare_runs(con, run_a, run_b):
         WITH s AS (
             SELECT run_id, stage, count(*) AS n,
                    quantile_cont(duration_ns, 0.5) / 1e6 AS p50, quantile_cont(duration_ns, 0.99) / 1e6 AS p99
-            FROM _step WHERE run_id IN (?, ?) GROUP BY run_id, stage)
+            FROM _step WHERE run_id IN (?, ?) AND NOT idle GROUP BY run_id, stage)
         SELECT coalesce(x.stage, y.stage), x.n, y.n, round(x.p50, 3), round(y.p50, 3),
                round(x.p99, 3), round(y.p99, 3)
         FROM (SELECT * FROM s WHERE run_id = ?) x FULL JOIN (SELECT * FROM s WHERE run_id = ?) y

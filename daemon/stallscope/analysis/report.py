@@ -1,18 +1,20 @@
 """Builds the stallscope report: the seed report's tables, from the views.
 
 `build_report(con, out_dir=None, run_ids=None)` returns the text (per-run
-table, the generation-2 table, the slow-step breakdown) and, when `out_dir`
-is given, writes PNG figures there in the seed's manner: every step of each
-run over time with the GC-overlapped ones in red (gen-2) or orange, and a +-1 s zoom around
-each generation-2 pass. It only reads: it never writes to the database, so
+table, the generation-2 table, the unexplained share and the slow-step
+breakdown by cause, the top preemptors and wakers per run) and, when
+`out_dir` is given, writes PNG figures there in the seed's manner: every
+step of each run over time with slow steps coloured by cause, and a +-1 s
+zoom around generation-2 passes (a budget per run, longest passes first). It only reads: it never writes to the database, so
 it works on a read-only connection and on one the daemon lends.
 """
 
 import os
 
+from stallscope.analysis import rules
 from stallscope.analysis.formatting import format_table
 
-MAX_ZOOM_FIGURES = 24  # one zoom per gen-2 pass, at most this many
+MAX_ZOOM_FIGURES = 24  # zooms in all, shared out per run (at least one each), longest passes first
 ZOOM_HALF_WIDTH_NS = 1_000_000_000
 
 
@@ -80,7 +82,7 @@ def _gen2_section(con, where):
         con,
         f"""
         SELECT run_id, label, window_s, in_window, step_idx, window_steps, pause_ms,
-               collected, stage, batch, step_ms, in_prefill, stall
+               collected, stage, batch, step_ms, in_prefill, stall, in_idle
         FROM seed_gen2 WHERE {where} ORDER BY run_id, gc_start_ns""",
     )
     text = "== Generation-2 collections ==\n"
@@ -101,12 +103,15 @@ def _gen2_section(con, where):
         step_ms,
         in_prefill,
         _stall,
+        in_idle,
     ) in rows:
         note = (
             "prefill step: not counted as a stall"
             if in_prefill
             else "overlapped no step"
-            if stage is None
+            if step_ms is None
+            else "idle step: not counted as a stall"
+            if in_idle
             else ""
             if in_window
             else "before/after the window"
@@ -152,12 +157,12 @@ def _gen2_section(con, where):
     text += (
         f"{_n(len(rows), 'generation-2 pass', 'es')} in {_n(runs, 'run')}; pauses {pauses[0]:g}-{pauses[-1]:g} ms "
         f"(median {median:g} ms); {stalls} stalled a non-prefill step, {prefill} landed in prefill, "
-        f"{sum(1 for r in rows if r[8] is None)} overlapped no step.\n"
+        f"{sum(1 for r in rows if r[10] is None)} overlapped no step.\n"
     )
     return text
 
 
-CAUSES = ("gc", "preemption", "blocked", "migration", "gpu_clock", "submit", "unexplained")
+CAUSES = rules.CAUSES
 
 
 def _slow_section(con, where):
@@ -174,6 +179,16 @@ def _slow_section(con, where):
     text = f"== Slow steps (duration > {factor:g} x median of the run's steps of that stage and batch) ==\n"
     if not rows:
         return text + "(no steps)\n"
+    total_slow = sum(r[3] for r in rows)
+    unexplained = sum(r[6 + CAUSES.index("unexplained")] for r in rows)
+    uncovered = sum(r[6 + CAUSES.index("uncovered")] for r in rows)
+    text += (
+        f"Unexplained share of slow steps: {unexplained:,} of {total_slow:,}"
+        + (f" ({100 * unexplained / total_slow:.1f}%)" if total_slow else "")
+        + (f"; {uncovered:,} more uncovered (a probe missed them)" if uncovered else "")
+        + ".\n"
+    )
+    shown = [i for i, c in enumerate(CAUSES) if c == "unexplained" or any(r[6 + i] for r in rows)]
     table = []
     for stage, batch, steps, slow, excess, in_submit, *counts in rows:
         top = max(range(len(CAUSES)), key=lambda i: (counts[i], -i)) if slow else None
@@ -187,7 +202,7 @@ def _slow_section(con, where):
                 round(excess / 1e6, 3),
                 round(100 * in_submit / excess, 1) if excess else None,
                 CAUSES[top] if top is not None else "",
-                *counts,
+                *(counts[i] for i in shown),
             )
         )
     text += format_table(
@@ -200,11 +215,12 @@ def _slow_section(con, where):
             "excess ms",
             "in submit %",
             "top cause",
-            *CAUSES,
+            *(CAUSES[i] for i in shown),
         ],
         table,
     )
-    non_prefill = [r for r in rows if r[0] != "prefill"]
+    prefill_stage = con.execute("SELECT prefill_stage FROM step_params").fetchone()[0]
+    non_prefill = [r for r in rows if r[0] != prefill_stage]
     steps = sum(r[2] for r in non_prefill)
     slow = sum(r[3] for r in non_prefill)
     excess = sum(r[4] for r in non_prefill)
@@ -227,6 +243,59 @@ def _slow_section(con, where):
     return text
 
 
+def _who_section(con, where):
+    """The tasks that took the CPU from slow steps, and the threads they waited on."""
+    _, rows = _rows(
+        con,
+        f"""
+        WITH w AS (
+            SELECT run_id, 'preemptor' AS role, preemptor_comm AS comm, preemptor_pid AS id,
+                   preemptor_run_id AS of_run, preempted_ns AS ns
+            FROM step_attribution WHERE {where} AND slow AND preemptor_comm IS NOT NULL
+            UNION ALL
+            SELECT run_id, 'waker', waker_comm, waker_tid, waker_run_id,
+                   coalesce(lock_ns, 0) + coalesce(peer_ns, 0) + coalesce(blocked_ns, 0)
+            FROM step_attribution WHERE {where} AND slow AND waker_comm IS NOT NULL
+        )
+        SELECT run_id, role, comm, id, any_value(of_run), count(*), round(sum(ns) / 1e6, 3)
+        FROM w GROUP BY run_id, role, comm, id
+        QUALIFY row_number() OVER (PARTITION BY run_id, role ORDER BY sum(ns) DESC, comm) <= 5
+        ORDER BY run_id, role, sum(ns) DESC, comm""",
+    )
+    text = "== Top preemptors and wakers of slow steps (5 per run) ==\n"
+    if not rows:
+        return text + "(none named: the sched probe records no preemptor or waker)\n"
+    return text + format_table(
+        ["run", "role", "comm", "pid / tid", "traced run", "slow steps", "their ms"], rows
+    )
+
+
+# One fixed colour per cause (gc red, as in the seed's figures; the common
+# ones far apart).
+CAUSE_COLOURS = {
+    "gc": "tab:red",
+    "lock": "tab:cyan",
+    "peer": "tab:brown",
+    "runqueue": "tab:orange",
+    "throttled": "gold",
+    "preemption": "tab:purple",
+    "blocked": "tab:olive",
+    "irq": "navy",
+    "steal": "tab:pink",
+    "page_fault": "teal",
+    "syscall": "lime",
+    "migration": "sienna",
+    "submit": "tab:green",
+    "gpu_clock": "magenta",
+    "uncovered": "0.45",
+    "unexplained": "black",
+}
+
+
+def cause_colour(cause):
+    return CAUSE_COLOURS.get(cause, "tab:gray")
+
+
 def _figures(con, where, out_dir):
     """Writes the PNGs; returns their paths."""
     import matplotlib
@@ -243,16 +312,16 @@ def _figures(con, where, out_dir):
             f"SELECT DISTINCT run_id FROM _step WHERE {where} ORDER BY run_id"
         ).fetchall()
     ]
-    zooms = 0
     for run_id in runs:
         w0 = con.execute(
             "SELECT window_start_ns FROM step_window WHERE run_id = ?", [run_id]
         ).fetchone()[0]
         d = con.execute(
             """
-            SELECT start_ns, duration_ns, coalesce(stage = 'prefill', false) AS prefill,
-                   gc_ns > 0 AS gc, coalesce(gc_generation = 2, false) AS gen2
-            FROM step_attribution WHERE run_id = ? ORDER BY start_ns""",
+            SELECT a.start_ns, a.duration_ns, coalesce(a.stage = p.prefill_stage, false) AS prefill,
+                   a.gc_ns > 0 AS gc, coalesce(a.gc_generation = 2, false) AS gen2,
+                   coalesce(a.cause, '') AS cause, a.idle
+            FROM step_attribution a, step_params p WHERE a.run_id = ? ORDER BY a.start_ns""",
             [run_id],
         ).fetchnumpy()
         if len(d["start_ns"]) == 0:
@@ -260,29 +329,47 @@ def _figures(con, where, out_dir):
         t_s = (d["start_ns"].astype(np.int64) - w0) / 1e9
         ms = d["duration_ns"].astype(np.int64) / 1e6
         prefill = np.asarray(d["prefill"], dtype=bool)
-        gc = np.asarray(d["gc"], dtype=bool)
         gen2 = np.asarray(d["gen2"], dtype=bool)
+        cause = np.asarray(d["cause"], dtype=object)
+        idle = np.asarray(d["idle"], dtype=bool)
+        slow = cause != ""
         fig, ax = plt.subplots(figsize=(10, 4.5))
-        plain = ~gc & ~prefill
+        plain = ~slow & ~prefill & ~idle
         ax.scatter(t_s[plain], ms[plain], s=3, c="tab:blue", lw=0, rasterized=True, label="step")
-        if prefill.any():
+        for mask, colour, marker, label in (
+            (prefill & ~slow, "0.6", "x", "prefill step"),
+            (idle, "0.8", ".", "idle step"),
+        ):
+            if mask.any():
+                ax.scatter(
+                    t_s[mask],
+                    ms[mask],
+                    s=6,
+                    c=colour,
+                    marker=marker,
+                    lw=0.6,
+                    rasterized=True,
+                    label=label,
+                )
+        for name in [c for c in CAUSES if (cause == c).any()]:
+            sel = cause == name
             ax.scatter(
-                t_s[prefill & ~gc],
-                ms[prefill & ~gc],
-                s=6,
-                c="0.6",
-                marker="x",
-                lw=0.6,
-                rasterized=True,
-                label="prefill step",
+                t_s[sel],
+                ms[sel],
+                s=14 if name != "gc" else 22,
+                c=cause_colour(name),
+                lw=0,
+                label=f"slow: {name} ({int(sel.sum())})",
             )
-        young = gc & ~gen2
-        if young.any():
+        if (gen2 & ~slow).any():
             ax.scatter(
-                t_s[young], ms[young], s=8, c="tab:orange", lw=0, label="overlaps a gen-0/1 pass"
+                t_s[gen2 & ~slow],
+                ms[gen2 & ~slow],
+                s=22,
+                facecolors="none",
+                edgecolors="tab:red",
+                label="overlaps a gen-2 pass",
             )
-        if gen2.any():
-            ax.scatter(t_s[gen2], ms[gen2], s=22, c="tab:red", lw=0, label="overlaps a gen-2 pass")
         ax.set_yscale("log")
         ax.set_xlabel("s into the measurement window")
         ax.set_ylabel("step duration (ms)")
@@ -299,9 +386,11 @@ def _figures(con, where, out_dir):
                                 WHERE run_id = ? AND generation = 2 ORDER BY start_ns""",
             [run_id],
         ).fetchall()
-        for k, (gs, ge) in enumerate(passes):
-            if zooms >= MAX_ZOOM_FIGURES:
-                break
+        # each run gets its share of the zooms, spent on its longest passes
+        budget = max(1, MAX_ZOOM_FIGURES // len(runs))
+        worst = sorted(range(len(passes)), key=lambda i: passes[i][0] - passes[i][1])[:budget]
+        for k in sorted(worst):
+            gs, ge = passes[k]
             lo, hi = gs - ZOOM_HALF_WIDTH_NS, ge + ZOOM_HALF_WIDTH_NS
             sel = (d["start_ns"] >= lo) & (d["start_ns"] <= hi)
             ends = d["start_ns"] + d["duration_ns"]
@@ -333,7 +422,6 @@ def _figures(con, where, out_dir):
             fig.savefig(path, dpi=110)
             plt.close(fig)
             paths.append(path)
-            zooms += 1
     return paths
 
 
@@ -348,6 +436,7 @@ def build_report(con, out_dir=None, run_ids=None):
         _runs_section(con, where),
         _gen2_section(con, where),
         _slow_section(con, where),
+        _who_section(con, where),
     ]
     if out_dir is not None:
         paths = _figures(con, where, out_dir)

@@ -6,13 +6,22 @@ wrote, with or without the attribution views.
 
 from stallscope.analysis.formatting import format_rows
 
+# Idle steps (marked idle, or batch 0 on a thread that reports batch sizes:
+# the rule of stallscope.analysis.rules and the _step view) are counted
+# apart and left out of the percentiles.
 STEPS_PER_STAGE = """
-SELECT coalesce(stage, '?') AS stage, count(*) AS steps,
-       round(median(end_ns - start_ns) / 1e6, 2) AS p50_ms,
-       round(quantile_cont(end_ns - start_ns, 0.99) / 1e6, 2) AS p99_ms,
-       round(max(end_ns - start_ns) / 1e6, 2) AS max_ms
-FROM spans WHERE kind = 'step' {run_filter}
-GROUP BY ALL ORDER BY min(start_ns)
+WITH s AS (
+    SELECT stage, start_ns, end_ns,
+           coalesce(idle, false) OR (coalesce(batch, 0) = 0
+               AND max(coalesce(batch, 0)) OVER (PARTITION BY run_id, tid) > 0) AS idle
+    FROM spans WHERE kind = 'step' {run_filter}
+)
+SELECT coalesce(stage, '?') AS stage, count(*) FILTER (NOT idle) AS steps,
+       count(*) FILTER (idle) AS idle,
+       round(median(end_ns - start_ns) FILTER (NOT idle) / 1e6, 2) AS p50_ms,
+       round(quantile_cont(end_ns - start_ns, 0.99) FILTER (NOT idle) / 1e6, 2) AS p99_ms,
+       round(max(end_ns - start_ns) FILTER (NOT idle) / 1e6, 2) AS max_ms
+FROM s GROUP BY ALL ORDER BY min(start_ns)
 """
 
 GC_PER_GENERATION = """

@@ -1,17 +1,22 @@
 """Live stall alerts: a step slower than its running baseline, sent at once.
 
-The seed's rule, applied as steps arrive: a step (span kind "step") is slow
-when its duration exceeds `factor` (1.2) times the median of the last
-`window` steps with the same run, stage and batch size (at least
-`min_samples` of them). The alert carries what is known at that moment: GC
-time inside the step (passes of the same run already received) and off-CPU
-time of the step's thread (the scheduling probe's intervals already
-received), and a cause named after the largest of them. An alert that
-nothing explains yet waits up to HOLD_UNEXPLAINED_S for late kernel events. It reads from its
-own bounded subscriber queue on its own thread, so it never slows ingest;
-if it falls behind it loses batches like any subscriber (counted in
-`dropped`). It never queries the database: the step_attribution view gives
-the complete answer later.
+The step rules of `stallscope.analysis.rules` (the ones step_attribution
+uses), applied as steps arrive: a step (span kind "step") is slow when its
+duration exceeds SLOW_FACTOR (1.2) times the median of the last `window`
+steps with the same run, stage and batch size (at least BASELINE_MIN_STEPS
+of them); idle steps (batch 0 on a thread that reports batches, or marked
+idle) are never slow and stay out of the medians. The alert carries what is
+known at that moment: GC time inside the step (passes of the same run
+already received) and off-CPU time of the step's thread (the scheduling
+probe's intervals already received), and a cause from the same vocabulary
+and the same rule as the view (the largest disjoint component, GC first,
+then preempted and blocked time less what GC overlaps, if it holds at least
+CAUSE_MIN_SHARE of the excess). The finer causes (lock, peer, runqueue,
+irq, ...) need the kernel-cause tables: step_attribution gives them later.
+An alert that nothing explains yet waits up to HOLD_UNEXPLAINED_S for late
+kernel events. It reads from its own bounded subscriber queue on its own
+thread, so it never slows ingest; if it falls behind it loses batches like
+any subscriber (counted in `dropped`). It never queries the database.
 """
 
 import bisect
@@ -24,6 +29,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from stallscope.analysis import rules
 from stallscope.api.fanout import Filter
 from stallscope.api.v1 import stallscope_pb2 as pb
 
@@ -88,13 +94,20 @@ class _Intervals:
 
     def overlap(self, key, start_ns, end_ns):
         """(overlap ns per interval, extras) of intervals intersecting [start, end)."""
+        a, b, x = self.clip(key, start_ns, end_ns)
+        if a is None:
+            return None, None
+        return b - a, x
+
+    def clip(self, key, start_ns, end_ns):
+        """(starts, ends, extras) of the intervals intersecting [start, end), clipped to it."""
         got = self.by_key.get(key)
         if got is None:
-            return None, None
+            return None, None, None
         s, e, x = got
-        inter = np.minimum(e, end_ns) - np.maximum(s, start_ns)
-        hit = inter > 0
-        return inter[hit], x[hit]
+        a, b = np.maximum(s, start_ns), np.minimum(e, end_ns)
+        hit = b > a
+        return a[hit], b[hit], x[hit]
 
 
 def offcpu_weights(batch):
@@ -148,15 +161,24 @@ class Baselines:
         return median, n
 
 
-def name_cause(excess_ns, gc_ns, gc_gen, preempted_ns, blocked_ns):
-    """The largest known contributor to the excess, if it explains a quarter of it."""
-    parts = {
-        "gc_gen2" if gc_gen == 2 else "gc": gc_ns,
-        "preempted": preempted_ns,
-        "blocked": blocked_ns,
-    }
-    cause, ns = max(parts.items(), key=lambda kv: kv[1])
-    return cause if excess_ns > 0 and ns >= excess_ns / 4 else "unexplained"
+def alert_parts(gc_a, gc_b, off_a, off_b, weights):
+    """Disjoint parts of a step, ns: {'gc', 'preemption', 'blocked'} from its
+    clipped GC intervals and off-CPU intervals (weights: off-CPU fraction,
+    preempted fraction); off-CPU time under a GC pass is GC's."""
+    gc_ns = float((gc_b - gc_a).sum()) if gc_a is not None else 0.0
+    if off_a is None or not len(off_a):
+        return {"gc": gc_ns, "preemption": 0.0, "blocked": 0.0}
+    length = (off_b - off_a).astype(float)
+    if gc_a is not None and len(gc_a):
+        under_gc = np.clip(
+            np.minimum(off_b[:, None], gc_b[None, :]) - np.maximum(off_a[:, None], gc_a[None, :]),
+            0,
+            None,
+        ).sum(axis=1)
+        length = length - under_gc
+    off = float((length * weights[:, 0]).sum())
+    pre = float((length * weights[:, 1]).sum())
+    return {"gc": gc_ns, "preemption": pre, "blocked": off - pre}
 
 
 class StallDetector:
@@ -165,9 +187,9 @@ class StallDetector:
     def __init__(
         self,
         fanout,
-        factor=1.2,
+        factor=rules.SLOW_FACTOR,
         window=64,
-        min_samples=8,
+        min_samples=rules.BASELINE_MIN_STEPS,
         max_queue_events=500_000,
         hold_unexplained_s=HOLD_UNEXPLAINED_S,
     ):
@@ -186,6 +208,8 @@ class StallDetector:
         )
         self.alerts_sent = 0
         self.steps_seen = 0
+        self.idle_steps = 0
+        self.reports_batch = set()  # (run_id, tid) of threads that sent a batch size > 0
         self.pending = []  # (deadline, alert args) of unexplained alerts
         self._thread = threading.Thread(target=self._run, name="api-stall-alerts", daemon=True)
 
@@ -255,17 +279,26 @@ class StallDetector:
 
     def _check_steps(self, steps):
         runs = self.fanout.refresh_runs()
+        marked = (
+            steps["idle"].to_pylist() if "idle" in steps.column_names else [False] * steps.num_rows
+        )
         out = []
-        for run_id, tid, stage, size, s, e in zip(
+        for run_id, tid, stage, size, s, e, idle_mark in zip(
             steps["run_id"].to_pylist(),
             steps["tid"].to_pylist(),
             steps["stage"].to_pylist(),
             steps["batch"].to_pylist(),
             steps["start_ns"].to_pylist(),
             steps["end_ns"].to_pylist(),
+            marked,
             strict=True,
         ):
             self.steps_seen += 1
+            if size:
+                self.reports_batch.add((run_id, tid))
+            if rules.is_idle(size, idle_mark, (run_id, tid) in self.reports_batch):
+                self.idle_steps += 1  # never slow, and out of the medians
+                continue
             dur = e - s
             median, n = self.baselines.observe((run_id, stage, size), dur)
             if median is None or n < self.min_samples or median <= 0 or dur <= self.factor * median:
@@ -291,18 +324,19 @@ class StallDetector:
         return out
 
     def _alert(self, runs, run_id, tid, stage, size, s, e, dur, median):
-        gc_ns, gc_gen = 0, -1
-        inter, gens = self.gc.overlap(run_id, s, e)
-        if inter is not None and len(inter):
-            gc_ns, gc_gen = int(inter.sum()), int(gens.max())
+        gc_gen = -1
+        gc_a, gc_b, gens = self.gc.clip(run_id, s, e)
+        if gc_a is not None and len(gc_a):
+            gc_gen = int(gens.max())
         off_ns = pre_ns = 0
         sampled = False
-        inter, w = self.offcpu.overlap(tid, s, e)
-        if inter is not None and len(inter):
+        off_a, off_b, w = self.offcpu.clip(tid, s, e)
+        if off_a is not None and len(off_a):
+            inter = off_b - off_a
             off_ns = int((inter * w[:, 0]).sum())
             pre_ns = int((inter * w[:, 1]).sum())
             sampled = bool(w[:, 2].any())
-        excess = dur - median
+        parts = alert_parts(gc_a, gc_b, off_a, off_b, w)
         return {
             "run_id": run_id,
             "pid": runs.get(run_id) or 0,
@@ -314,10 +348,10 @@ class StallDetector:
             "duration_ns": dur,
             "baseline_ns": int(median),
             "ratio": dur / median,
-            "gc_overlap_ns": gc_ns,
+            "gc_overlap_ns": int(parts["gc"]),
             "gc_generation": gc_gen,
             "offcpu_ns": off_ns,
             "preempted_ns": pre_ns,
-            "cause": name_cause(excess, gc_ns, gc_gen, pre_ns, off_ns - pre_ns),
+            "cause": rules.name_cause(dur - median, parts),
             "offcpu_sampled": sampled,
         }

@@ -19,6 +19,7 @@ from collections import defaultdict, deque
 
 import grpc
 
+from stallscope.analysis import rules
 from stallscope.api.client import ApiError, Client
 from stallscope.api.v1 import stallscope_pb2 as pb
 
@@ -65,7 +66,11 @@ class Dashboard:
 
     def __init__(self):
         self._lock = threading.Lock()
-        self.steps = defaultdict(deque)  # stage -> deque of (end_ns, duration_ns)
+        self.steps = defaultdict(
+            deque
+        )  # stage -> deque of (end_ns, duration_ns), idle steps excluded
+        self.idle_steps = defaultdict(int)  # stage -> idle steps since start (rules.is_idle)
+        self.reports_batch = set()  # (run_id, tid) that sent a batch size > 0
         self.gc = deque()  # (end_ns, generation, duration_ns)
         self.stalls = deque(maxlen=RECENT_STALLS)
         self.stalls_total = 0
@@ -92,6 +97,11 @@ class Dashboard:
                 self.events += 1
                 if which == "span":
                     s = ev.span
+                    if s.batch:
+                        self.reports_batch.add((s.run_id, s.tid))
+                    if rules.is_idle(s.batch, False, (s.run_id, s.tid) in self.reports_batch):
+                        self.idle_steps[s.stage or "-"] += 1  # out of rates and percentiles
+                        continue
                     self.steps[s.stage or "-"].append((s.end_ns, s.duration_ns))
                 elif which == "gc_pass":
                     g = ev.gc_pass
@@ -131,7 +141,7 @@ class Dashboard:
             ]
             lines.append(
                 f"{'stage':<16}{'steps/s':>10}{'p50 ms':>10}{'p99 ms':>10}"
-                f"{'max ms':>10}{'n (10 s)':>10}   (steps/s over 5 s)"
+                f"{'max ms':>10}{'n (10 s)':>10}{'idle':>8}   (steps/s over 5 s; idle steps apart)"
             )
             for stage in sorted(self.steps):
                 q = self.steps[stage]
@@ -141,6 +151,7 @@ class Dashboard:
                     f"{stage[:15]:<16}{recent / (RATE_WINDOW_NS / 1e9):>10.1f}"
                     f"{_ms(_pct(durs, 0.5)):>10}{_ms(_pct(durs, 0.99)):>10}"
                     f"{_ms(durs[-1] if durs else None):>10}{len(durs):>10}"
+                    f"{self.idle_steps.get(stage, 0):>8}"
                 )
             if not self.steps:
                 lines.append("(no steps yet: is a probe client connected?)")
@@ -174,7 +185,7 @@ class Dashboard:
                 lines.append("GPU: no samples (no GPU probe, or no GPU)")
             lines.append("")
             lines.append(
-                f"stalls (step > baseline x 1.2): {self.stalls_total} since start, "
+                f"stalls (step > baseline x {rules.SLOW_FACTOR:g}): {self.stalls_total} since start, "
                 f"latest {len(self.stalls)}:"
             )
             for a in reversed(self.stalls):

@@ -1,0 +1,2 @@
+-- fixture: kernel
+SELECT * FROM seed_gen2 ORDER BY ALL;

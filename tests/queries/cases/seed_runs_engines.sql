@@ -1,0 +1,2 @@
+-- fixture: engines
+SELECT * FROM seed_runs ORDER BY ALL;

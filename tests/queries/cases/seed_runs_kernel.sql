@@ -1,0 +1,2 @@
+-- fixture: kernel
+SELECT * FROM seed_runs ORDER BY ALL;

@@ -1,0 +1,2 @@
+-- fixture: engines
+SELECT * FROM seed_slow_steps ORDER BY ALL;

@@ -1,0 +1,2 @@
+-- fixture: kernel
+SELECT * FROM step_attribution ORDER BY ALL;

@@ -1,0 +1,2 @@
+-- fixture: kernel
+SELECT * FROM step_baseline ORDER BY ALL;

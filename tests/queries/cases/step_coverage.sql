@@ -1,0 +1,2 @@
+-- fixture: kernel
+SELECT * FROM step_coverage ORDER BY ALL;

@@ -1,0 +1,2 @@
+-- fixture: engines
+SELECT * FROM step_work_baseline ORDER BY ALL;
