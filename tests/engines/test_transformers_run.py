@@ -152,3 +152,38 @@ def test_the_report_reads_the_run(hf_run):
     )
     assert done.returncode == 0, done.stderr
     assert "hf-cb" in done.stdout
+
+
+def test_attribution_names_gc_stalls_and_keeps_idle_iterations_out(hf_run):
+    """Issue 18 on the real loop: a step that a gen-2 pass (on another thread)
+    stalled is a `gc` stall, idle iterations are never slow and never in a
+    baseline, and the unexplained share of slow busy steps is printed."""
+    q = hf_run.daemon.query
+    idle_slow = q(
+        "SELECT count(*) FROM step_attribution WHERE run_id = ? AND idle AND (slow OR cause IS NOT NULL)",
+        [hf_run.run_id],
+    )[0][0]
+    assert idle_slow == 0
+    n_idle = q("SELECT count(*) FROM step_attribution WHERE run_id = ? AND idle", [hf_run.run_id])[
+        0
+    ][0]
+    assert n_idle > 0
+    # Slow steps whose excess a gen-2 pass covers at least half of.
+    stalled = q(
+        "SELECT a.step_idx, a.cause, a.gc_ns, a.excess_ns FROM step_attribution a "
+        "WHERE a.run_id = ? AND a.slow AND a.gc_generation = 2 AND a.gc_ns >= a.excess_ns / 2",
+        [hf_run.run_id],
+    )
+    assert stalled, "no step was stalled by a gen-2 pass (the engine's --gc-pressure)"
+    assert all(cause == "gc" for _, cause, _, _ in stalled), stalled
+    causes = dict(
+        q(
+            "SELECT cause, count(*) FROM step_attribution WHERE run_id = ? AND slow GROUP BY cause",
+            [hf_run.run_id],
+        )
+    )
+    slow = sum(causes.values())
+    print(
+        f"transformers run: {slow} slow busy steps, causes {causes}, "
+        f"unexplained {causes.get('unexplained', 0) / slow:.1%}"
+    )
