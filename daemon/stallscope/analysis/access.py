@@ -11,6 +11,7 @@ import re
 
 import duckdb
 
+from stallscope.analysis.coverage import STATUS_SQL as COVERAGE_STATUS_SQL
 from stallscope.errors import AccessError
 
 STATUS_QUERIES = (
@@ -34,6 +35,10 @@ STATUS_QUERIES = (
         "Run events (attach specs: problems first, the latest 40)",
         "SELECT run_id, kind, target, message FROM run_events "
         "ORDER BY kind = 'attached', run_id DESC, ts_ns DESC LIMIT 40",
+    ),
+    (
+        "Probe coverage (per run and probe, newest runs first)",
+        COVERAGE_STATUS_SQL,
     ),
     (
         "Rejected input",

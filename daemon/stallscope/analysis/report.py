@@ -12,6 +12,7 @@ it works on a read-only connection and on one the daemon lends.
 import os
 
 from stallscope.analysis import rules
+from stallscope.analysis.coverage import coverage_section
 from stallscope.analysis.formatting import format_table
 
 MAX_ZOOM_FIGURES = 24  # zooms in all, shared out per run (at least one each), longest passes first
@@ -437,6 +438,7 @@ def build_report(con, out_dir=None, run_ids=None):
         _gen2_section(con, where),
         _slow_section(con, where),
         _who_section(con, where),
+        coverage_section(con, where),
     ]
     if out_dir is not None:
         paths = _figures(con, where, out_dir)
