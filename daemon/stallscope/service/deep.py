@@ -72,22 +72,26 @@ class DeepWindows:
                 "probes": [p.name for p in self.probes],
             }
 
+    # A coverage row must hold every event the probe can have recorded: it
+    # starts before the attach and ends after the detach has returned (an
+    # event between the window's planned end and the detach is inside it).
     def _attach(self):
         for probe in self.probes:
+            before_ns = time.monotonic_ns()
             try:
                 probe.attach()
             except Exception as exc:
                 log.error("%s probe could not attach: %s", probe.name, exc)
                 continue
-            self.coverage.probe_started(probe.name)
+            self.coverage.probe_started(probe.name, before_ns)
 
     def _detach(self, now_ns=None):
         for probe in self.probes:
-            self.coverage.probe_stopped(probe.name, now_ns)
             try:
                 probe.detach()
             except Exception as exc:
                 log.error("%s probe could not detach: %s", probe.name, exc)
+            self.coverage.probe_stopped(probe.name, max(now_ns or 0, time.monotonic_ns()))
 
 
 def diagnosis_rpc(daemon, request, context):
