@@ -51,8 +51,11 @@ def test_short_calls_summed_long_call_exact(probe, work):
     assert int(rows["count"][getppid].sum()) == 5000
     # summed rows: count > 1 and total within the interval they cover
     assert np.all(rows["total_ns"][getppid] <= rows["end_ns"][getppid] - rows["start_ns"][getppid])
-    # a flush per 20 ms of activity: a handful of rows, not one per call
-    assert int(getppid.sum()) <= 1 + (t1 - t0) // probe.flush_ns + 1
+    # summed in the kernel: a handful of rows, not one per call (how many
+    # depends on when the kernel closes an aggregate, after flush_ns, and on
+    # when the reader sweeps an idle one, so only the order of magnitude is
+    # checked: 5,000 calls in a few ms gave 1 to 3 rows)
+    assert 1 <= int(getppid.sum()) <= 10
     # the 2 ms select() is one exact row
     slow = (
         np.isin(rows["name"], ["select", "pselect6"])
