@@ -13,7 +13,7 @@ def test_partial_and_late_coverage_is_reported_per_probe():
     # 100 steps of 10 ms back to back: the run's steps span 0..1000 ms.
     add_steps(con, 1, 7, [(i * 10, i * 10 + 9) for i in range(100)])
     con.execute(
-        "INSERT INTO coverage VALUES (1, 'sched', ?, NULL), (1, 'syscalls', ?, ?), "
+        "INSERT INTO coverage (run_id, probe, start_ns, end_ns) VALUES (1, 'sched', ?, NULL), (1, 'syscalls', ?, ?), "
         "(1, 'syscalls', ?, ?)",
         [250 * MS, 100 * MS, 200 * MS, 600 * MS, 700 * MS],
     )

@@ -13,6 +13,8 @@ statement queue, in order; this module never reads the database.
 import threading
 import time
 
+from stallscope.service.store import STORED_NS_SQL
+
 
 class Coverage:
     def __init__(self, store):
@@ -75,7 +77,7 @@ class Coverage:
     def _close_row(self, key, now_ns):
         start_ns = self._open.pop(key)
         self.store.sql(
-            "UPDATE coverage SET end_ns = ? WHERE run_id = ? AND probe = ? AND start_ns = ? "
+            f"UPDATE coverage SET end_ns = ?, stored_ns = {STORED_NS_SQL} WHERE run_id = ? AND probe = ? AND start_ns = ? "
             "AND end_ns IS NULL",
             [int(now_ns), int(key[0]), key[1], int(start_ns)],
         )

@@ -16,6 +16,7 @@ import numpy as np
 import pyarrow as pa
 
 from probe_client import wire
+from stallscope.service.store import STORED_NS_SQL
 
 RECORD_DTYPE = np.dtype(
     [
@@ -138,8 +139,8 @@ class RecordDecoder:
             # One statement for every run (not one each: ~2.5 ms apiece).
             ids, last, recs = (list(c) for c in zip(*updates, strict=True))
             self.store.sql(
-                "UPDATE runs SET last_seq = u.last_seq, records = u.records "
-                "FROM (SELECT unnest(?::BIGINT[]) AS run_id, "
+                "UPDATE runs SET last_seq = u.last_seq, records = u.records, "
+                f"stored_ns = {STORED_NS_SQL} FROM (SELECT unnest(?::BIGINT[]) AS run_id, "
                 "unnest(?::BIGINT[]) AS last_seq, unnest(?::BIGINT[]) AS records) u "
                 "WHERE runs.run_id = u.run_id",
                 [ids, last, recs],

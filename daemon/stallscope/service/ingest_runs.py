@@ -18,6 +18,7 @@ import pyarrow as pa
 
 from probe_client import wire
 from stallscope.service.ingest_records import RunState
+from stallscope.service.store import STORED_NS_SQL
 
 log = logging.getLogger("stallscope.ingest")
 
@@ -71,8 +72,8 @@ class RunRegistry:
         if changes:
             ids = list(changes)
             self.store.sql(
-                "UPDATE runs SET connections = runs.connections + u.conns, ended_ns = u.ended "
-                "FROM (SELECT unnest(?::BIGINT[]) AS run_id, unnest(?::BIGINT[]) AS conns, "
+                "UPDATE runs SET connections = runs.connections + u.conns, ended_ns = u.ended, "
+                f"stored_ns = {STORED_NS_SQL} FROM (SELECT unnest(?::BIGINT[]) AS run_id, unnest(?::BIGINT[]) AS conns, "
                 "unnest(?::BIGINT[]) AS ended) u WHERE runs.run_id = u.run_id",
                 [ids, [changes[r][0] for r in ids], [changes[r][1] for r in ids]],
             )

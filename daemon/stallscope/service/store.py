@@ -42,6 +42,32 @@ SANDBOX_CONFIG = {
     "allow_community_extensions": False,
 }
 
+# Every row a flush writes (or changes) carries this flush's `stored_ns`
+# (schema/080_export.sql): the column's default reads the session variable,
+# which `flush` sets on its cursor. An UPDATE sets it again with STORED_NS_SQL.
+STORED_NS_VARIABLE = "stallscope_stored_ns"
+STORED_NS_SQL = f"getvariable('{STORED_NS_VARIABLE}')"
+# Tables that carry stored_ns; `stallscope export parquet` sends these.
+STORED_TABLES = (
+    "runs",
+    "spans",
+    "gc_events",
+    "losses",
+    "ingest_errors",
+    "probe_status",
+    "offcpu",
+    "runq",
+    "migrations",
+    "nvml_samples",
+    "nvml_clock_sync",
+    "syscalls",
+    "page_faults",
+    "irq_time",
+    "steal",
+    "coverage",
+    "run_events",
+)
+
 # The one statement that writes `probe_status` (record_probe_status).
 _STATUS_SQL = (
     "INSERT INTO probe_status (ts_ns, probe, backend, state, detail) VALUES (?, ?, ?, ?, ?)"
@@ -120,6 +146,20 @@ class Store(Recovery):
         self._reported_at = 0.0
         self._reopen = False  # the connection was invalidated: reopen it
         self._kept = None
+        self._last_stored_ns = self._max_stored_ns()
+
+    def _max_stored_ns(self):
+        """The largest stored_ns in the file (its min/max statistics answer)."""
+        parts = " UNION ALL ".join(f"SELECT max(stored_ns) AS v FROM {t}" for t in STORED_TABLES)
+        # fetchall, not fetchone: a result left unread keeps its transaction
+        # open, and an open transaction stops a checkpoint from freeing space.
+        return self.con.execute(f"SELECT coalesce(max(v), 0) FROM ({parts})").fetchall()[0][0]
+
+    def _next_stored_ns(self):
+        """This flush's stored_ns: CLOCK_REALTIME, but strictly above every
+        earlier flush's, even after a restart or a step back of the clock."""
+        self._last_stored_ns = max(time.time_ns(), self._last_stored_ns + 1)
+        return self._last_stored_ns
 
     # ----- producers ---------------------------------------------------------
     def append(self, table, columns):
@@ -210,6 +250,9 @@ class Store(Recovery):
             else:
                 try:
                     try:
+                        cur.execute(
+                            f"SET VARIABLE {STORED_NS_VARIABLE} = ?", [self._next_stored_ns()]
+                        )
                         rows = self._write(cur, statements, merged)
                     except Exception as exc:
                         self._rollback(cur)
