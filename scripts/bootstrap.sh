@@ -4,7 +4,8 @@
 # kernel side for bcc; as a normal user it skips that part and says so.
 #
 #   .venv/                      Python packages (pip install -e .[daemon,test];
-#                               .[daemon,test,engines] with STALLSCOPE_ENGINES=1)
+#                               +engines with STALLSCOPE_ENGINES=1, +fleet
+#                               with STALLSCOPE_FLEET=1)
 #   .venv/.../bcc -> Debian's   bcc is a Debian package (python3-bpfcc), not
 #                               on PyPI: we link only its `bcc` package into
 #                               the venv, nothing else from dist-packages.
@@ -65,10 +66,20 @@ fi
 # `make demo DEMO_ENGINE=transformers` need it; CI sets it.
 stamp=.venv/.stallscope-installed
 hash=$(cat pyproject.toml | sha256sum | cut -c1-16)
+# STALLSCOPE_FLEET=1 adds the `fleet` extra (pyspark, ~450 MB): `make fleet`
+# and the Spark test need it; CI sets it.
 extras=daemon,test
-[ "${STALLSCOPE_ENGINES:-0}" = 1 ] && extras=daemon,test,engines
+[ "${STALLSCOPE_ENGINES:-0}" = 1 ] && extras=$extras,engines
+[ "${STALLSCOPE_FLEET:-0}" = 1 ] && extras=$extras,fleet
 have=$(cat "$stamp" 2>/dev/null || true)
-if [ "$have" != "$hash $extras" ] && [ "$have" != "$hash daemon,test,engines" ]; then
+# Keep the extras an earlier bootstrap installed (`make test` after `make
+# fleet` is no reinstall and keeps pyspark); install when one is new.
+if [ "${have%% *}" = "$hash" ]; then
+  for e in $(echo "${have#* }" | tr , ' '); do
+    case ",$extras," in *",$e,"*) ;; *) extras=$extras,$e ;; esac
+  done
+fi
+if [ "$have" != "$hash $extras" ]; then
   say "installing stallscope and its Python packages into .venv (pip install -e .[$extras])"
   .venv/bin/pip install -q --disable-pip-version-check -e ".[$extras]"
   echo "$hash $extras" > "$stamp"

@@ -6,7 +6,9 @@ views (`CREATE OR REPLACE VIEW`) and documents them. The directory is the
 data package `stallscope.queries` (the repository's `queries/`, in a source
 checkout and an install alike), or `$STALLSCOPE_QUERIES`. A file that fails is
 reported with its path and the database's message; the other views are still
-created.
+created. The `fleet/` area is not loaded into a host's database: its views
+read the per-host results that export/fleet.py builds from Parquet exports
+(`fleet_query_files`).
 """
 
 import importlib.resources
@@ -25,19 +27,31 @@ def queries_dir():
     return Path(str(importlib.resources.files("stallscope.queries")))
 
 
+FLEET_AREA = "fleet"
+
+
 def query_files():
+    """The views of one host's database (every area but fleet/)."""
     root = queries_dir()
     if not root.is_dir():
         return []
-    return sorted(p for p in root.rglob("*.sql") if p.is_file())
+    return sorted(
+        p for p in root.rglob("*.sql") if p.is_file() and p.relative_to(root).parts[0] != FLEET_AREA
+    )
 
 
-def create_views(con):
-    """Execute every query file; returns the list of (path, error) failures.
+def fleet_query_files():
+    """The fleet views (queries/fleet/), over export/fleet.py's fleet_* tables."""
+    root = queries_dir() / FLEET_AREA
+    return sorted(p for p in root.glob("*.sql") if p.is_file()) if root.is_dir() else []
+
+
+def create_views(con, files=None):
+    """Execute every query file (or `files`); returns the (path, error) failures.
 
     Files may depend on views of other files: a file that fails is retried
     after the others, pass after pass, until a pass makes no progress."""
-    pending = query_files()
+    pending = query_files() if files is None else list(files)
     errors = {}
     while pending:
         failed = []

@@ -1,0 +1,1 @@
+"""Exports to the tools fleets already use: Perfetto traces, Parquet for Spark."""
