@@ -16,7 +16,8 @@ SELECT
     round(max(pause_ms), 3) AS max_pause_ms,                 -- longest gen-2 pause, ms
     round(sum(pause_ms), 3) AS total_pause_ms                -- their total pause, ms
 FROM fleet_seed_gen2
-GROUP BY host;
+GROUP BY host
+ORDER BY host;
 
 -- One row per host and cause: how many of the host's slow steps have it.
 CREATE OR REPLACE VIEW fleet_slow_causes AS
@@ -34,4 +35,5 @@ SELECT
     round(count(*) / h.steps, 6) AS share_of_steps            -- slow_steps / host_steps, 0..1
 FROM fleet_step_attribution a JOIN h USING (host)
 WHERE a.slow
-GROUP BY a.host, a.cause, h.slow_steps, h.steps;
+GROUP BY a.host, a.cause, h.slow_steps, h.steps
+ORDER BY a.host, slow_steps DESC, a.cause;

@@ -131,6 +131,13 @@ class Client:
         except grpc.RpcError as exc:
             raise _error(exc) from None
 
+    def export_parquet(self, out_dir=""):
+        """Ask the daemon to export to its Parquet directory: ExportParquetResponse."""
+        try:
+            return self.stub.ExportParquet(pb.ExportParquetRequest(dir=out_dir or ""))
+        except grpc.RpcError as exc:
+            raise _error(exc) from None
+
     def start_diagnosis(self, duration_s):
         """Open (or extend) a diagnosis window: StartDiagnosisResponse."""
         try:

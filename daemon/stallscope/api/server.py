@@ -276,6 +276,11 @@ class StallscopeServicer(pb_grpc.StallscopeServicer):
 
         return diagnosis_rpc(self.daemon, request, context)
 
+    def ExportParquet(self, request, context):
+        from stallscope.service.export import export_rpc
+
+        return export_rpc(self.daemon, request, context)
+
 
 def _stats(probe):
     try:

@@ -217,7 +217,39 @@ _RETENTION_AND_API_KEYS = [
     ),
 ]
 
+_EXPORT_KEYS = [
+    Key(
+        "export",
+        "parquet_dir",
+        "str",
+        "",
+        "STALLSCOPE_EXPORT_DIR",
+        "export_dir",
+        doc="directory of the Parquet export (`stallscope export parquet` asks the daemon "
+        "to write there, and only there); empty = the daemon exports nothing",
+    ),
+    Key(
+        "export",
+        "host",
+        "str",
+        "",
+        "STALLSCOPE_EXPORT_HOST",
+        "export_host",
+        metavar="NAME",
+        doc="host name of this daemon's export partitions; empty = the hostname",
+    ),
+    Key(
+        "export",
+        "after_retention",
+        "bool",
+        False,
+        "STALLSCOPE_EXPORT_AFTER_RETENTION",
+        "export_after_retention",
+        doc="export to parquet_dir after every retention check (retention.check_interval_s)",
+    ),
+]
+
 # In the order the shipped stallscope.toml lists them.
-KEYS = _DAEMON_AND_BACKEND_KEYS + _probe_keys() + _RETENTION_AND_API_KEYS
+KEYS = _DAEMON_AND_BACKEND_KEYS + _probe_keys() + _RETENTION_AND_API_KEYS + _EXPORT_KEYS
 BY_DOTTED = {k.dotted: k for k in KEYS}
 SECTIONS = sorted({k.section for k in KEYS})

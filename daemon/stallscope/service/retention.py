@@ -102,10 +102,11 @@ def _tables(cur):
 class Retention:
     """One check (`check()`), and the thread that runs it periodically."""
 
-    def __init__(self, store, limits, on_runs_deleted=None):
+    def __init__(self, store, limits, on_runs_deleted=None, after_check=None):
         self.store = store
         self.limits = limits
         self.on_runs_deleted = on_runs_deleted or (lambda run_ids: None)
+        self.after_check = after_check  # e.g. the Parquet export (service/export.py)
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread = None
@@ -133,6 +134,8 @@ class Retention:
                 self.check()
             except Exception as exc:  # retention must never take the daemon down
                 log.warning("retention check failed: %s", exc)
+            if self.after_check is not None:
+                self.after_check()
             self._wake.wait(max(1.0, self.limits.check_interval_s))
             self._wake.clear()
 

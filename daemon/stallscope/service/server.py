@@ -16,11 +16,13 @@ import threading
 import time
 
 from stallscope import probes as probe_registry
+from stallscope.errors import ConfigError
 from stallscope.probes.base import ProbeSettings, Sink
 from stallscope.service import endpoint
 from stallscope.service import reload as config_reload
 from stallscope.service.coverage import Coverage
 from stallscope.service.deep import DeepWindows
+from stallscope.service.export import DaemonExports
 from stallscope.service.ingest import Ingest
 from stallscope.service.retention import Retention
 from stallscope.service.store import DB_UMASK, Store
@@ -141,8 +143,27 @@ class Daemon:
             self.store.close()
             raise
         self._follow_gc_from_outside()
+        cfg = config or {}
+        self.exports = DaemonExports(
+            self.store, cfg.get("export.parquet_dir") or None, cfg.get("export.host") or None
+        )
+        after = None
+        if cfg.get("export.after_retention"):
+            if self.exports.out_dir is None:
+                self._stop_probes()
+                self.ingest.close()
+                self.store.close()
+                raise ConfigError(
+                    "export.after_retention needs export.parquet_dir (--export-dir DIR)"
+                )
+            after = self.exports.after_retention
         self.retention = (
-            Retention(self.store, retention_limits, on_runs_deleted=self.ingest.forget_runs)
+            Retention(
+                self.store,
+                retention_limits,
+                on_runs_deleted=self.ingest.forget_runs,
+                after_check=after,
+            )
             if retention_limits is not None
             else None
         )

@@ -446,3 +446,33 @@ class StartDiagnosisResponse(_message.Message):
     probes: _containers.RepeatedScalarFieldContainer[str]
     deep: bool
     def __init__(self, until_ns: _Optional[int] = ..., probes: _Optional[_Iterable[str]] = ..., deep: _Optional[bool] = ...) -> None: ...
+
+class ExportParquetRequest(_message.Message):
+    __slots__ = ("dir",)
+    DIR_FIELD_NUMBER: _ClassVar[int]
+    dir: str
+    def __init__(self, dir: _Optional[str] = ...) -> None: ...
+
+class ExportedTable(_message.Message):
+    __slots__ = ("table", "rows")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    rows: int
+    def __init__(self, table: _Optional[str] = ..., rows: _Optional[int] = ...) -> None: ...
+
+class ExportParquetResponse(_message.Message):
+    __slots__ = ("dir", "host", "watermark_ns", "tables", "files", "runs_derived")
+    DIR_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    WATERMARK_NS_FIELD_NUMBER: _ClassVar[int]
+    TABLES_FIELD_NUMBER: _ClassVar[int]
+    FILES_FIELD_NUMBER: _ClassVar[int]
+    RUNS_DERIVED_FIELD_NUMBER: _ClassVar[int]
+    dir: str
+    host: str
+    watermark_ns: int
+    tables: _containers.RepeatedCompositeFieldContainer[ExportedTable]
+    files: int
+    runs_derived: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, dir: _Optional[str] = ..., host: _Optional[str] = ..., watermark_ns: _Optional[int] = ..., tables: _Optional[_Iterable[_Union[ExportedTable, _Mapping]]] = ..., files: _Optional[int] = ..., runs_derived: _Optional[_Iterable[int]] = ...) -> None: ...

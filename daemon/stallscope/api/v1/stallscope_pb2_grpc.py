@@ -59,6 +59,11 @@ class StallscopeStub:
                 request_serializer=stallscope_dot_api_dot_v1_dot_stallscope__pb2.StartDiagnosisRequest.SerializeToString,
                 response_deserializer=stallscope_dot_api_dot_v1_dot_stallscope__pb2.StartDiagnosisResponse.FromString,
                 _registered_method=True)
+        self.ExportParquet = channel.unary_unary(
+                '/stallscope.v1.Stallscope/ExportParquet',
+                request_serializer=stallscope_dot_api_dot_v1_dot_stallscope__pb2.ExportParquetRequest.SerializeToString,
+                response_deserializer=stallscope_dot_api_dot_v1_dot_stallscope__pb2.ExportParquetResponse.FromString,
+                _registered_method=True)
 
 
 class StallscopeServicer:
@@ -112,6 +117,18 @@ class StallscopeServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ExportParquet(self, request, context):
+        """Unary: write the rows not exported before to the daemon's Parquet export
+        directory (`stallscope daemon --export-dir`, config export.parquet_dir;
+        docs/export.md). The daemon writes only there: a client cannot name
+        another path. FAILED_PRECONDITION when no directory is configured;
+        INVALID_ARGUMENT when `dir` is given and is not it; ABORTED when an
+        export to it is already running; INTERNAL when writing failed.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_StallscopeServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -139,6 +156,11 @@ def add_StallscopeServicer_to_server(servicer, server):
                     servicer.StartDiagnosis,
                     request_deserializer=stallscope_dot_api_dot_v1_dot_stallscope__pb2.StartDiagnosisRequest.FromString,
                     response_serializer=stallscope_dot_api_dot_v1_dot_stallscope__pb2.StartDiagnosisResponse.SerializeToString,
+            ),
+            'ExportParquet': grpc.unary_unary_rpc_method_handler(
+                    servicer.ExportParquet,
+                    request_deserializer=stallscope_dot_api_dot_v1_dot_stallscope__pb2.ExportParquetRequest.FromString,
+                    response_serializer=stallscope_dot_api_dot_v1_dot_stallscope__pb2.ExportParquetResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -276,6 +298,33 @@ class Stallscope:
             '/stallscope.v1.Stallscope/StartDiagnosis',
             stallscope_dot_api_dot_v1_dot_stallscope__pb2.StartDiagnosisRequest.SerializeToString,
             stallscope_dot_api_dot_v1_dot_stallscope__pb2.StartDiagnosisResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ExportParquet(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/stallscope.v1.Stallscope/ExportParquet',
+            stallscope_dot_api_dot_v1_dot_stallscope__pb2.ExportParquetRequest.SerializeToString,
+            stallscope_dot_api_dot_v1_dot_stallscope__pb2.ExportParquetResponse.FromString,
             options,
             channel_credentials,
             insecure,
