@@ -262,7 +262,10 @@ def _export_table(con, out_dir, host, table, watermark, high, now_ns, result):
             f"date={_date(day * 86400 * 10**9)}",
             f"part-{lo:019d}.parquet",
         )
-        n = _write_atomically(path, reader, reader.schema)
+        try:
+            n = _write_atomically(path, reader, reader.schema)
+        finally:
+            reader.close()  # an unread result would block the connection's next statement
         rows += n
         result.files += 1 if n else 0
     return rows
@@ -304,7 +307,10 @@ def _export_derived(con, out_dir, host, state, live, now_mono_ns, result):
                 f"date={_date(realtime_ns)}",
                 f"run-{run_id:012d}.parquet",
             )
-            n = _write_atomically(path, reader, reader.schema)
+            try:
+                n = _write_atomically(path, reader, reader.schema)
+            finally:
+                reader.close()
             result.rows[view] = result.rows.get(view, 0) + n
             result.files += 1 if n else 0
         done[str(run_id)] = version
