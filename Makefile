@@ -1,6 +1,6 @@
 # The two commands a new user needs: `make demo` and `make test`.
 # Both set up what they need first (scripts/bootstrap.sh, idempotent).
-.PHONY: demo test lint bootstrap bench clean protos install uninstall faults
+.PHONY: demo test lint bootstrap bench clean protos install uninstall faults fleet
 
 PYTEST_ARGS ?=
 # builtin: the seed-shaped scenario engine; transformers: HF transformers'
@@ -30,6 +30,14 @@ lint: bootstrap
 # A CI-sized subset runs inside `make test`.
 faults: bootstrap
 	.venv/bin/python -m pytest tests/faults --full $(PYTEST_ARGS)
+
+# The fleet export read by a real Apache Spark (pyspark in local mode, Java
+# 17): two traced hosts exported to Parquet, the same answer from Spark and
+# DuckDB (docs/export.md; ~2-3 min). Installs the `fleet` extra first; a
+# missing Spark is a failure here, not a skip.
+fleet:
+	@STALLSCOPE_FLEET=1 scripts/bootstrap.sh
+	STALLSCOPE_REQUIRE_FLEET=1 .venv/bin/python -m pytest tests/export $(PYTEST_ARGS)
 
 bench: bootstrap
 	.venv/bin/python bench/run_all.py
