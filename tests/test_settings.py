@@ -83,11 +83,14 @@ _FLAG = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]+)")
 
 def _options():
     """Every option of the `stallscope` commands and of the demo's engine."""
-    parser = cli.build_parser()
-    seen = set(parser._option_string_actions) | set(scenario.build_parser()._option_string_actions)
-    for action in parser._subparsers._group_actions:
-        for sub in action.choices.values():
-            seen |= set(sub._option_string_actions)
+    seen = set(scenario.build_parser()._option_string_actions)
+    parsers = [cli.build_parser()]
+    while parsers:  # command groups (`export parquet`) nest subparsers
+        parser = parsers.pop()
+        seen |= set(parser._option_string_actions)
+        if parser._subparsers is not None:
+            for action in parser._subparsers._group_actions:
+                parsers.extend(action.choices.values())
     return seen
 
 
