@@ -138,6 +138,16 @@ def test_export_is_incremental_across_restarts_and_takes_late_rows(tmp_path):
     assert len(rows) == db_count(daemon.db, "gc_events") == 300 // 50 + 1
     assert len(exported(out, "spans", "h1")) == db_count(daemon.db, "spans") == 1000
     assert len(exported(out, "runs", "h1", latest=True)) == 2
+    # both runs' derived rows in one export: one file per run and view
+    fresh = export_file(daemon.db, str(tmp_path / "fresh"), "h2")
+    assert fresh.runs_derived == [1, 2]
+    per_run = glob.glob(str(tmp_path / "fresh" / "table=step_attribution" / "*" / "*" / "*"))
+    assert sorted(os.path.basename(p) for p in per_run) == [
+        "run-000000000001.parquet",
+        "run-000000000002.parquet",
+    ]
+    assert len(exported(str(tmp_path / "fresh"), "step_attribution", "h2")) == 500
+    assert {r[0] for r in exported(str(tmp_path / "fresh"), "seed_runs", "h2")} == {1, 2}
     state = load_state(out, "h1")
     assert set(state["tables"]) == set(STORED_TABLES)
     assert state["derived_runs"] == {

@@ -23,6 +23,7 @@ database and takes the store's writer lock only to open its snapshot.
 import contextlib
 import datetime
 import fcntl
+import itertools
 import json
 import os
 import time
@@ -95,31 +96,83 @@ def _fsync_dir(path):
         os.close(fd)
 
 
+class _AtomicParquet:
+    """One Parquet file written under a hidden temporary name and renamed
+    into place by `commit()` once complete and synced; `abort()` removes it."""
+
+    def __init__(self, path, schema):
+        self.path = path
+        self.directory = os.path.dirname(path)
+        os.makedirs(self.directory, exist_ok=True)
+        self.tmp = os.path.join(self.directory, f".{os.path.basename(path)}.tmp-{os.getpid()}")
+        self.writer = pq.ParquetWriter(self.tmp, schema, compression="zstd")
+        self.rows = 0
+
+    def write(self, batch):
+        if batch.num_rows:
+            self.writer.write_batch(batch, row_group_size=ROW_GROUP_ROWS)
+            self.rows += batch.num_rows
+
+    def commit(self):
+        """Returns the rows written (0: no file is left)."""
+        self.writer.close()
+        if self.rows == 0:
+            os.unlink(self.tmp)
+            return 0
+        with open(self.tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(self.tmp, self.path)
+        _fsync_dir(self.directory)
+        return self.rows
+
+    def abort(self):
+        with contextlib.suppress(Exception):
+            self.writer.close()
+        with contextlib.suppress(OSError):
+            os.unlink(self.tmp)
+
+
 def _write_atomically(path, batches, schema):
     """Write record batches to `path` as one Parquet file, visible only
     complete; returns the rows written (0: no file)."""
-    directory = os.path.dirname(path)
-    os.makedirs(directory, exist_ok=True)
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp-{os.getpid()}")
-    rows = 0
+    out = _AtomicParquet(path, schema)
     try:
-        with pq.ParquetWriter(tmp, schema, compression="zstd") as writer:
-            for batch in batches:
-                if batch.num_rows:
-                    writer.write_batch(batch, row_group_size=ROW_GROUP_ROWS)
-                    rows += batch.num_rows
-        if rows == 0:
-            os.unlink(tmp)
-            return 0
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        _fsync_dir(directory)
+        for batch in batches:
+            out.write(batch)
+        return out.commit()
     except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
+        out.abort()
         raise
-    return rows
+
+
+def _write_split_by_run(reader, path_of_run):
+    """Batches ordered by run_id, one atomic file per run; returns {run_id: rows}."""
+    import pyarrow.compute as pc
+
+    written, out, current = {}, None, None
+    try:
+        for batch in reader:
+            if batch.num_rows == 0:
+                continue
+            ids = batch.column(batch.schema.get_field_index("run_id"))
+            # boundaries where run_id changes (the batch is ordered by it)
+            change = pc.not_equal(ids.slice(1), ids.slice(0, len(ids) - 1))
+            cuts = [0, *(i + 1 for i in pc.indices_nonzero(change).to_pylist()), len(ids)]
+            for lo, hi in itertools.pairwise(cuts):
+                run_id = ids[lo].as_py()
+                if run_id != current:
+                    if out is not None:
+                        written[current] = out.commit()
+                    out, current = _AtomicParquet(path_of_run(run_id), reader.schema), run_id
+                out.write(batch.slice(lo, hi - lo))
+        if out is not None:
+            written[current] = out.commit()
+            out = None
+    except BaseException:
+        if out is not None:
+            out.abort()
+        raise
+    return written
 
 
 def _write_json_atomically(path, obj):
@@ -296,22 +349,36 @@ def _export_derived(con, out_dir, host, state, live, now_mono_ns, result):
     ).fetchall()
     done = state.setdefault("derived_runs", {})
     pending = [(r, v, t) for r, v, t in runs if done.get(str(r)) != v]
-    for run_id, version, realtime_ns in pending:
-        for view in views:
-            cols = _select_list(_columns(con, view))
-            reader = arrow_reader(con, f'SELECT {cols} FROM "{view}" WHERE run_id = ?', [run_id])
-            path = os.path.join(
+    if not pending:
+        return
+    day = {r: _date(t) for r, _, t in pending}
+    # One query per view for every pending run (the views compute a run's
+    # baseline over the whole run; a run_id filter does not reach inside
+    # them), cut into one file per run.
+    for view in views:
+        cols = _select_list(_columns(con, view))
+        reader = arrow_reader(
+            con,
+            f'SELECT {cols} FROM "{view}" WHERE run_id IN (SELECT unnest(?::BIGINT[])) '
+            "ORDER BY run_id",
+            [[r for r, _, _ in pending]],
+        )
+
+        def path_of_run(run_id, view=view):
+            return os.path.join(
                 out_dir,
                 f"table={view}",
                 f"host={host}",
-                f"date={_date(realtime_ns)}",
+                f"date={day[run_id]}",
                 f"run-{run_id:012d}.parquet",
             )
-            try:
-                n = _write_atomically(path, reader, reader.schema)
-            finally:
-                reader.close()
-            result.rows[view] = result.rows.get(view, 0) + n
-            result.files += 1 if n else 0
+
+        try:
+            written = _write_split_by_run(reader, path_of_run)
+        finally:
+            reader.close()
+        result.rows[view] = result.rows.get(view, 0) + sum(written.values())
+        result.files += sum(1 for n in written.values() if n)
+    for run_id, version, _ in pending:
         done[str(run_id)] = version
         result.runs_derived.append(run_id)
