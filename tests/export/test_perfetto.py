@@ -260,3 +260,27 @@ def test_unknown_run_is_a_clear_error(traced):
     daemon = traced[0]
     done = export(daemon.db, daemon.dir / "x.pftrace", "--run", "99")
     assert done.returncode == 2 and "error: perfetto export: no run 99" in done.stderr
+
+
+def test_run_and_time_window_select_what_overlaps(traced):
+    daemon = traced[0]
+    lo, hi = daemon.query(
+        "SELECT quantile_disc(start_ns, 0.25), quantile_disc(start_ns, 0.5) FROM spans "
+        "WHERE kind = 'step'"
+    )[0]
+    path = daemon.dir / "window.pftrace"
+    done = export(daemon.db, path, "--run", "1", "--from", str(lo), "--to", str(hi))
+    assert done.returncode == 0, done.stderr
+    evs = events(parse(path))
+    names = Counter(s[2].split(" ")[0] for e in evs.values() for s in slices(e))
+    want = dict(
+        daemon.query(
+            "SELECT kind, count(*) FROM spans WHERE end_ns >= ? AND start_ns <= ? GROUP BY kind",
+            [lo, hi],
+        )
+    )
+    assert names["step"] == want["step"] and names["submit"] == want["submit"]
+    assert 50 <= want["step"] <= 150  # about a quarter of the 400 steps
+    assert names["gc"] == daemon.scalar(
+        "SELECT count(*) FROM gc_events WHERE end_ns >= ? AND start_ns <= ?", [lo, hi]
+    )
