@@ -24,6 +24,7 @@ from stallscope.service.deep import DeepWindows
 from stallscope.service.ingest import Ingest
 from stallscope.service.retention import Retention
 from stallscope.service.store import DB_UMASK, Store
+from stallscope.service.watch import PidWatcher
 
 log = logging.getLogger("stallscope.daemon")
 
@@ -133,6 +134,7 @@ class Daemon:
                 on_untrack=self._untrack,
                 on_run_end=self.coverage.run_ended,
                 socket_group=group,
+                on_watch=self.watcher.request,
             )
         except BaseException:
             # e.g. the socket is in use by another daemon: release the probes
@@ -140,7 +142,8 @@ class Daemon:
             self._stop_probes()
             self.store.close()
             raise
-        self._follow_gc_from_outside()
+        # GC of the --pid processes through CPython's USDT markers: a run each.
+        self.watcher.follow_at_start(self.extra_pids)
         self.retention = (
             Retention(self.store, retention_limits, on_runs_deleted=self.ingest.forget_runs)
             if retention_limits is not None
@@ -182,41 +185,9 @@ class Daemon:
             )
             log.info("%s probe: using %s", name, cls.backend)
         self.deep = DeepWindows(self.probes, self.coverage, deep=self.settings.deep)
+        self.watcher = PidWatcher(self)
         for pid in self.extra_pids:
             self._track(pid)
-
-    def _follow_gc_from_outside(self):
-        """GC passes of the --pid processes through CPython's USDT markers
-        (probes/gc_usdt.py): a run per process, no client needed."""
-        if not self.extra_pids:
-            return
-        from stallscope.probes.gc_usdt import UsdtGcProbe, command_line
-
-        reason = UsdtGcProbe.unavailable(self.settings)
-        if reason is not None:
-            self.store.record_probe_status("gc", None, "unavailable", reason)
-            log.warning("gc probe unavailable: %s", reason)
-            return
-        probe = UsdtGcProbe(self.settings)
-        probe.start(self.sink)
-        self.probes.append(probe)
-        for pid in sorted(self.extra_pids):
-            missing = probe.usdt_missing(pid, self.settings.proc_root)
-            if missing is not None:
-                self.store.record_probe_status("gc", "usdt", "unavailable", f"pid {pid}: {missing}")
-                log.warning("gc probe: pid %d: %s", pid, missing)
-                continue
-            argv = command_line(pid, self.settings.proc_root)
-            run_id = self.ingest.external_run(pid, argv, " ".join(argv)[:120] or f"pid {pid}")
-            try:
-                probe.follow(pid, run_id)
-            except Exception as exc:
-                self.store.record_probe_status(
-                    "gc", "usdt", "failed", f"pid {pid}: {type(exc).__name__}: {exc}"
-                )
-                log.error("gc probe: cannot follow pid %d: %s", pid, exc)
-                continue
-            self.store.record_probe_status("gc", "usdt", "active", f"pid {pid}: run {run_id}")
 
     def _stop_probes(self):
         for probe in self.probes:
@@ -238,6 +209,29 @@ class Daemon:
                 covering.append(probe.name)
         if run_id is not None:
             self.coverage.run_started(run_id, pid, covering)
+
+    def track_external(self, pid, run_id, followed_ns):
+        """A process followed with no client (service/watch.py): the other
+        probes follow it as they would a client's, the GC probe keeps it
+        (covering it since `followed_ns`)."""
+        self.tracked_pids.add(pid)
+        covering = ["gc"]
+        for probe in self.probes:
+            if probe is self.watcher.probe:
+                continue  # its track() means "a client took over"
+            try:
+                probe.track(pid)
+            except Exception as exc:
+                log.warning("%s probe could not follow pid %d: %s", probe.name, pid, exc)
+                continue
+            if probe.covering():
+                covering.append(probe.name)
+        self.coverage.run_started(run_id, pid, ["gc"], followed_ns)
+        self.coverage.run_started(run_id, pid, covering[1:])
+
+    def untrack_external(self, pid, run_id, ended_ns):
+        self.coverage.run_ended(run_id, ended_ns)
+        self._untrack(pid)
 
     def start_diagnosis(self, duration_s):
         """Attach the expensive probes for `duration_s` (see service/deep.py)."""
@@ -301,6 +295,7 @@ class Daemon:
                 live = self.api is not None and self.api.live_subscribers() > 0
                 next_decode = now + (LIVE_DECODE_INTERVAL_S if live else DECODE_INTERVAL_S)
                 self.deep.tick()
+                self.watcher.tick()
                 if self._reload.is_set():
                     self._reload.clear()
                     config_reload.apply(self)
