@@ -74,6 +74,7 @@ class Ingest(RunRegistry, RecordDecoder):
         socket_group=None,
         on_run_end=None,
         on_watch=None,
+        on_step_threads=None,
     ):
         self.store = store
         self.socket_path = socket_path
@@ -87,6 +88,8 @@ class Ingest(RunRegistry, RecordDecoder):
         self.on_run_end = on_run_end or (lambda run_id: None)
         # on_watch(conn, datagram): a WATCH request (service/watch.py answers it).
         self.on_watch = on_watch
+        # on_step_threads(pid, tids): threads seen emitting spans for the first time.
+        self.on_step_threads = on_step_threads
         self.selector = selectors.DefaultSelector()
         self.conns = {}  # fd -> Connection
         self.runs = {}  # run_id -> RunState (what decode_pending walks)

@@ -135,6 +135,7 @@ class Daemon:
                 on_run_end=self.coverage.run_ended,
                 socket_group=group,
                 on_watch=self.watcher.request,
+                on_step_threads=self._step_threads,
             )
         except BaseException:
             # e.g. the socket is in use by another daemon: release the probes
@@ -209,6 +210,20 @@ class Daemon:
                 covering.append(probe.name)
         if run_id is not None:
             self.coverage.run_started(run_id, pid, covering)
+
+    def _step_threads(self, pid, tids):
+        """Threads of `pid` that emit spans: probes that summarise other
+        threads keep exact rows for these."""
+        for probe in self.probes:
+            detail = getattr(probe, "detail_threads", None)
+            if detail is None:
+                continue
+            try:
+                detail(pid, tids)
+            except Exception as exc:
+                log.warning(
+                    "%s probe could not keep pid %d's step threads: %s", probe.name, pid, exc
+                )
 
     def track_external(self, pid, run_id, followed_ns):
         """A process followed with no client (service/watch.py): the other
