@@ -1,0 +1,458 @@
+"""Prometheus metrics: what the store receives, summed per batch, served at /metrics.
+
+`Metrics.on_batch` is a store listener (it sees every batch the store queues,
+on the producer's thread): it folds a whole batch into a few numpy bucket
+counts and sums under one short lock, never a Python step per record, so a
+scrape costs ingest nothing and a busy ingest costs a scrape nothing. The
+rest (records stored, lost and rejected, probe states, the daemon's CPU and
+memory) is read when Prometheus scrapes (`collect`). Slow steps by cause
+come from the live stall detector's alerts (api/alerts.py, the same rule as
+the views' live subset). Labels are bounded: run label and stage keep their
+first `max_label_values` values each and fold the rest into "other"; no pid,
+tid or run id label exists. docs/metrics.md lists every metric. It never
+writes to the database and never blocks a producer on a scrape.
+"""
+
+import logging
+import threading
+
+import numpy as np
+import pyarrow.compute as pc
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+)
+
+from stallscope.probes.gpu_reasons import CLOCK_EVENT_REASONS
+from stallscope.service import selfstats
+
+log = logging.getLogger("stallscope.metrics")
+
+# Upper bounds, seconds (Prometheus `le`): engine steps run from ~100 us
+# (tiny models) to seconds (long prefills); the seed's stalls sat at 3-100 ms.
+STEP_BUCKETS_S = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+)  # fmt: skip
+# GC passes: young collections take microseconds, the seed's gen-2 ~100 ms.
+GC_BUCKETS_S = (
+    0.00001, 0.00005, 0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0,
+)  # fmt: skip
+OTHER = "other"  # the label value beyond max_label_values
+DEFAULT_MAX_LABEL_VALUES = 32
+# run_id -> label entries kept; past this the oldest are forgotten (and
+# looked up again in the database if their run sends more steps).
+MAX_KNOWN_RUNS = 10_000
+# NVML fields exported under DCGM exporter's names (same meaning, same unit
+# once converted): (column, DCGM name, help, scale).
+GPU_FIELDS = (
+    ("sm_clock_mhz", "DCGM_FI_DEV_SM_CLOCK", "SM clock frequency (in MHz).", 1.0),
+    ("mem_clock_mhz", "DCGM_FI_DEV_MEM_CLOCK", "Memory clock frequency (in MHz).", 1.0),
+    ("power_mw", "DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).", 0.001),
+    ("temp_c", "DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C).", 1.0),
+    ("util_pct", "DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", 1.0),
+    ("mem_util_pct", "DCGM_FI_DEV_MEM_COPY_UTIL", "Memory utilization (in %).", 1.0),
+    (
+        "clock_event_reasons",
+        "DCGM_FI_DEV_CLOCKS_EVENT_REASONS",
+        "Current clock event reasons (bitmask of NVML clocks event reasons).",
+        1.0,
+    ),
+)
+
+
+class _Histograms:
+    """Bucket counts and sums per label tuple, filled a batch at a time."""
+
+    def __init__(self, bounds_s):
+        self.bounds_s = bounds_s
+        self.bounds_ns = np.array([b * 1e9 for b in bounds_s])
+        self.by_key = {}  # labels tuple -> [counts (len(bounds)+1 int64), sum_ns]
+
+    def add(self, keys, inverse, durations_ns):
+        """keys: the distinct label tuples; inverse: each row's index in keys."""
+        nb = len(self.bounds_ns) + 1
+        # v <= bound lands in that bound's bucket (Prometheus `le`).
+        bucket = np.searchsorted(self.bounds_ns, durations_ns, side="left")
+        counts = np.bincount(inverse * nb + bucket, minlength=len(keys) * nb).reshape(-1, nb)
+        sums = np.bincount(inverse, weights=durations_ns, minlength=len(keys))
+        for i, key in enumerate(keys):
+            entry = self.by_key.get(key)
+            if entry is None:
+                entry = self.by_key[key] = [np.zeros(nb, dtype=np.int64), 0.0]
+            entry[0] += counts[i]
+            entry[1] += float(sums[i])
+
+    def family(self, name, doc, label_names):
+        fam = HistogramMetricFamily(name, doc, labels=label_names)
+        for key, (counts, sum_ns) in sorted(self.by_key.items()):
+            running = np.cumsum(counts)
+            buckets = [(_le(b), float(c)) for b, c in zip(self.bounds_s, running, strict=False)]
+            buckets.append(("+Inf", float(running[-1])))
+            fam.add_metric(list(key), buckets, sum_ns / 1e9)
+        return fam
+
+
+def _le(bound_s):
+    return repr(float(bound_s))
+
+
+class _Bounded:
+    """A label's values: the first `limit` distinct ones are kept, the rest are OTHER."""
+
+    def __init__(self, limit):
+        self.limit = limit
+        self.seen = set()
+        self.folded = 0  # distinct values folded into OTHER
+
+    def __call__(self, value):
+        value = value or ""
+        if value in self.seen:
+            return value
+        if len(self.seen) < self.limit:
+            self.seen.add(value)
+            return value
+        self.folded += 1
+        return OTHER
+
+
+def _np(column):
+    return column.to_numpy(zero_copy_only=False)
+
+
+class Metrics:
+    """The daemon's metrics: a store listener plus a Prometheus collector."""
+
+    def __init__(self, daemon, max_label_values=DEFAULT_MAX_LABEL_VALUES):
+        self.daemon = daemon
+        self._lock = threading.Lock()
+        self._run_label = _Bounded(max_label_values)
+        self._stage = _Bounded(max_label_values)
+        self._labels = {}  # run_id -> bounded label value
+        self._steps = _Histograms(STEP_BUCKETS_S)  # (run_label, stage)
+        self._unlabelled = {}  # run_id -> [(stages, durations_ns)] until its label is known
+        self._gc = _Histograms(GC_BUCKETS_S)  # (generation,)
+        self._gc_collected = {}  # generation -> objects
+        self._offcpu_s = {"preempted": 0.0, "blocked": 0.0}
+        self._offcpu_intervals = {"preempted": 0, "blocked": 0}
+        self._slow = {}  # cause -> steps
+        self._gpu = {}  # gpu -> {column: last value}
+        self.batches_seen = 0
+
+    # ----- producers (store listener; the producer's thread) -----------------------
+    def on_batch(self, table, batch):
+        try:
+            fold = _FOLDERS.get(table)
+            if fold is not None and batch.num_rows:
+                fold(self, batch)
+        except Exception:
+            log.exception("metrics: could not fold a %s batch; continuing", table)
+
+    def _fold_runs(self, batch):
+        ids = _np(batch["run_id"]).tolist()
+        labels = batch["label"].to_pylist()
+        with self._lock:
+            for run_id, label in zip(ids, labels, strict=True):
+                self._learn_label(run_id, label)
+
+    def _learn_label(self, run_id, label):
+        """Under the lock: remember run_id's label and move its waiting steps."""
+        if len(self._labels) >= MAX_KNOWN_RUNS:
+            for old in list(self._labels)[: MAX_KNOWN_RUNS // 10]:
+                del self._labels[old]
+        bounded = self._labels[run_id] = self._run_label(label)
+        for stages, durations in self._unlabelled.pop(run_id, ()):
+            self._add_steps(bounded, stages, durations)
+
+    def _add_steps(self, label, stages, durations_ns):
+        """Under the lock: steps of one run label (stages: object array)."""
+        names, inverse = np.unique(stages, return_inverse=True)
+        keys = [(label, self._stage(s)) for s in names.tolist()]
+        # Two stages folded into OTHER share a key: merge them first.
+        distinct = list(dict.fromkeys(keys))
+        remap = np.array([distinct.index(k) for k in keys], dtype=np.int64)
+        self._steps.add(distinct, remap[inverse.ravel()], durations_ns)
+
+    def _fold_spans(self, batch):
+        is_step = _np(pc.fill_null(pc.equal(batch["kind"], "step"), False))
+        if not is_step.any():
+            return
+        run_ids = _np(batch["run_id"])[is_step]
+        durations = (_np(batch["end_ns"])[is_step] - _np(batch["start_ns"])[is_step]).astype(
+            np.float64
+        )
+        stages = _np(pc.fill_null(batch["stage"], ""))[is_step].astype(object)
+        with self._lock:
+            for run_id in np.unique(run_ids).tolist():
+                sel = run_ids == run_id
+                label = self._labels.get(run_id)
+                if label is None:
+                    self._unlabelled.setdefault(run_id, []).append((stages[sel], durations[sel]))
+                else:
+                    self._add_steps(label, stages[sel], durations[sel])
+
+    def _fold_gc(self, batch):
+        gens = _np(batch["generation"]).astype(np.int64)
+        durations = (_np(batch["end_ns"]) - _np(batch["start_ns"])).astype(np.float64)
+        collected = _np(pc.fill_null(batch["collected"], 0)).astype(np.int64)
+        names, inverse = np.unique(gens, return_inverse=True)
+        per_gen = np.bincount(inverse, weights=collected, minlength=len(names))
+        with self._lock:
+            self._gc.add([(str(g),) for g in names.tolist()], inverse.ravel(), durations)
+            for g, n in zip(names.tolist(), per_gen.tolist(), strict=True):
+                self._gc_collected[g] = self._gc_collected.get(g, 0) + int(n)
+
+    def _fold_offcpu(self, batch):
+        from stallscope.api.alerts import offcpu_weights  # the alerts' pro-rating rule
+
+        weights = offcpu_weights(batch)
+        length_s = (_np(batch["end_ns"]) - _np(batch["start_ns"])).astype(np.float64) / 1e9
+        off_s = float((length_s * weights[:, 0]).sum())
+        pre_s = float((length_s * weights[:, 1]).sum())
+        preempted = int((weights[:, 1] >= 0.5).sum())
+        with self._lock:
+            self._offcpu_s["preempted"] += pre_s
+            self._offcpu_s["blocked"] += off_s - pre_s
+            self._offcpu_intervals["preempted"] += preempted
+            self._offcpu_intervals["blocked"] += batch.num_rows - preempted
+
+    def _fold_gpu(self, batch):
+        gpus = _np(batch["gpu"])
+        latest = {}
+        for column, *_ in GPU_FIELDS:
+            if column not in batch.column_names:
+                continue
+            values = batch[column]
+            valid = _np(pc.invert(pc.is_null(values)))
+            numbers = _np(pc.fill_null(values, 0))
+            for gpu in np.unique(gpus).tolist():
+                rows = np.flatnonzero((gpus == gpu) & valid)
+                if len(rows):
+                    latest.setdefault(gpu, {})[column] = int(numbers[rows[-1]])
+        with self._lock:
+            for gpu, values in latest.items():
+                self._gpu.setdefault(gpu, {}).update(values)
+
+    def fold_alerts(self, batch):
+        """Stall alerts (api/alerts.py): one slow step each, with its cause."""
+        counts = pc.value_counts(pc.fill_null(batch["cause"], "unexplained")).to_pylist()
+        with self._lock:
+            for item in counts:
+                cause = item["values"]
+                self._slow[cause] = self._slow.get(cause, 0) + int(item["counts"])
+
+    # ----- scrape (the HTTP server's thread) ---------------------------------------
+    def describe(self):
+        return []  # no fixed set: families appear as their data does
+
+    def collect(self):
+        self._label_waiting_runs()
+        with self._lock:
+            yield self._steps.family(
+                "stallscope_step_duration_seconds",
+                "Engine step durations (spans of kind 'step'), by run label and stage.",
+                ["run_label", "stage"],
+            )
+            yield self._gc.family(
+                "stallscope_gc_pause_seconds",
+                "Garbage-collection pause durations of traced runs, by generation.",
+                ["generation"],
+            )
+            passes = CounterMetricFamily(
+                "stallscope_gc_passes",
+                "Garbage-collection passes of traced runs, by generation.",
+                labels=["generation"],
+            )
+            for (gen,), (counts, _) in sorted(self._gc.by_key.items()):
+                passes.add_metric([gen], float(counts.sum()))
+            yield passes
+            yield _counter(
+                "stallscope_gc_collected_objects",
+                "Objects collected by those passes, by generation.",
+                "generation",
+                {str(g): n for g, n in self._gc_collected.items()},
+            )
+            yield _counter(
+                "stallscope_slow_steps",
+                "Steps slower than SLOW_FACTOR x their running baseline, by live cause.",
+                "cause",
+                self._slow,
+            )
+            yield _counter(
+                "stallscope_offcpu_seconds",
+                "Time traced threads spent off CPU, by kind (preempted or blocked).",
+                "kind",
+                self._offcpu_s,
+            )
+            yield _counter(
+                "stallscope_offcpu_intervals",
+                "Off-CPU intervals of traced threads, by kind.",
+                "kind",
+                self._offcpu_intervals,
+            )
+            folded = {"run_label": self._run_label.folded, "stage": self._stage.folded}
+            gpu = {g: dict(v) for g, v in self._gpu.items()}
+        yield _counter(
+            "stallscope_metrics_label_values_folded",
+            f"Label values folded into '{OTHER}' (past metrics.max_label_values).",
+            "label",
+            folded,
+        )
+        yield from _gpu_families(gpu)
+        yield from self._daemon_families()
+
+    def _label_waiting_runs(self):
+        """Runs whose steps arrived before their `runs` row (ingest appends a
+        new run after its first spans; a resumed run has no new row): their
+        labels from the database, "" for a run it does not know."""
+        with self._lock:
+            waiting = list(self._unlabelled)
+        if not waiting:
+            return
+        found = {}
+        try:
+            cur = self.daemon.store.cursor()
+            try:
+                found = dict(
+                    cur.execute(
+                        "SELECT run_id, label FROM runs WHERE run_id IN (SELECT unnest(?::BIGINT[]))",
+                        [waiting],
+                    ).fetchall()
+                )
+            finally:
+                cur.close()
+        except Exception as exc:
+            log.debug("metrics: run labels unavailable: %s", exc)
+        with self._lock:
+            for run_id in waiting:
+                if run_id in self._unlabelled and (run_id in found or self._committed(run_id)):
+                    self._learn_label(run_id, found.get(run_id))
+
+    def _committed(self, run_id):
+        """True when the run's row would be in the database by now if it existed:
+        nothing is waiting to be written."""
+        return self.daemon.store.pending_rows == 0 and run_id not in self.daemon.ingest.runs
+
+    def _daemon_families(self):
+        d = self.daemon
+        ing = d.ingest.status()
+        store = d.store
+        yield _counter(
+            "stallscope_records_received",
+            "Records received from probe clients.",
+            None,
+            ing.get("records_received", 0),
+        )
+        yield _counter(
+            "stallscope_rows_stored", "Rows written to the database.", None, store.rows_written
+        )
+        yield _counter(
+            "stallscope_records_lost",
+            "Records known lost: 'client' (dropped before reaching the daemon), "
+            "'store' (rows the database would not take).",
+            "where",
+            {"client": ing.get("lost_records", 0), "store": store.rows_lost},
+        )
+        yield _counter(
+            "stallscope_records_rejected",
+            "Records ingest refused, by reason (a fixed set of codes).",
+            "reason",
+            ing.get("rejections", {}),
+        )
+        yield _gauge(
+            "stallscope_rows_pending", "Rows queued for the database.", None, store.pending_rows
+        )
+        yield _gauge(
+            "stallscope_connections",
+            "Probe client connections open.",
+            None,
+            ing.get("connections", 0),
+        )
+        states = GaugeMetricFamily(
+            "stallscope_probe_state",
+            "1 for each probe's current state (active, unavailable, failed, stopped) and backend.",
+            labels=["probe", "backend", "state"],
+        )
+        for probe, backend, state in self._probe_states():
+            states.add_metric([probe, backend, state], 1.0)
+        yield states
+        yield _counter(
+            "stallscope_daemon_cpu_seconds",
+            "CPU time the daemon used (user + system).",
+            None,
+            selfstats.cpu_seconds(),
+        )
+        rss = selfstats.rss_bytes(getattr(getattr(d, "settings", None), "proc_root", "/proc"))
+        if rss is not None:
+            yield _gauge(
+                "stallscope_daemon_resident_memory_bytes",
+                "The daemon's resident set size.",
+                None,
+                rss,
+            )
+
+    def _probe_states(self):
+        try:
+            cur = self.daemon.store.cursor()
+            try:
+                rows = cur.execute(
+                    "SELECT probe, backend, state FROM probe_status QUALIFY row_number() "
+                    "OVER (PARTITION BY probe ORDER BY ts_ns DESC) = 1 ORDER BY probe"
+                ).fetchall()
+            finally:
+                cur.close()
+        except Exception as exc:
+            log.debug("metrics: probe states unavailable: %s", exc)
+            rows = []
+        seen = {r[0] for r in rows}
+        out = [(p, b or "", s or "") for p, b, s in rows]
+        for probe in getattr(self.daemon, "probes", []):  # started, not yet flushed
+            if probe.name not in seen:
+                out.append((probe.name, probe.backend or "", "active"))
+        return out
+
+
+_FOLDERS = {
+    "runs": Metrics._fold_runs,
+    "spans": Metrics._fold_spans,
+    "gc_events": Metrics._fold_gc,
+    "offcpu": Metrics._fold_offcpu,
+    "nvml_samples": Metrics._fold_gpu,
+}
+
+
+def _counter(name, doc, label, values):
+    fam = CounterMetricFamily(name, doc, labels=[label] if label else None)
+    if label is None:
+        fam.add_metric([], float(values))
+    else:
+        for key, value in sorted(values.items()):
+            fam.add_metric([str(key)], float(value))
+    return fam
+
+
+def _gauge(name, doc, label, value):
+    fam = GaugeMetricFamily(name, doc, labels=[label] if label else None)
+    fam.add_metric([], float(value))
+    return fam
+
+
+def _gpu_families(gpu):
+    for column, name, doc, scale in GPU_FIELDS:
+        fam = GaugeMetricFamily(name, doc, labels=["gpu"])
+        for index, values in sorted(gpu.items()):
+            if column in values:
+                fam.add_metric([str(index)], values[column] * scale)
+        yield fam
+    reasons = GaugeMetricFamily(
+        "stallscope_gpu_clock_event_reason",
+        "1 while NVML reports this clock-event reason for the GPU (latest sample), else 0.",
+        labels=["gpu", "reason"],
+    )
+    for index, values in sorted(gpu.items()):
+        mask = values.get("clock_event_reasons")
+        if mask is None:
+            continue
+        for bit, (reason, _) in CLOCK_EVENT_REASONS.items():
+            reasons.add_metric([str(index), reason], 1.0 if mask & bit else 0.0)
+    yield reasons
