@@ -122,7 +122,7 @@ DAEMON = Command(
     examples=(
         "stallscope daemon --socket /tmp/probe.sock --db /tmp/s.duckdb   # by hand, as any user",
         f"stallscope daemon --config {config.DEFAULT_CONFIG}   # as the service runs it",
-        "stallscope daemon --api-socket /tmp/api.sock --pid 4242   # serve the API, trace a pid",
-        "stallscope daemon --metrics-listen 127.0.0.1:9464   # Prometheus scrapes /metrics",
+        "stallscope daemon --api-socket /tmp/api.sock --metrics-listen 127.0.0.1:9464 "
+        "--pid 4242   # API, /metrics, trace a pid",
     ),
 )

@@ -1,0 +1,111 @@
+"""A real Prometheus server scrapes a real daemon while a real engine runs, and
+PromQL over its HTTP API returns the step and GC counts the database holds."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from helpers.daemonproc import DaemonProcess
+from helpers.prometheus import (
+    PrometheusServer,
+    metrics_port,
+    require_prometheus,
+    samples,
+    scrape,
+    total,
+)
+from helpers.waiting import wait_for
+
+ENGINE = Path(__file__).with_name("metrics_engine.py")
+LABEL = "prom-e2e"
+
+
+def test_prometheus_scrapes_steps_and_gc_passes_while_the_engine_runs(tmp_path):
+    require_prometheus()
+    d = DaemonProcess(tmp_path, extra_args=["--metrics-listen", "127.0.0.1:0"]).start()
+    prom = None
+    engine = None
+    try:
+        port = metrics_port(d)
+        prom = PrometheusServer(tmp_path, [f"127.0.0.1:{port}"]).start()
+        stop_file = tmp_path / "stop"
+        engine = subprocess.Popen(
+            [sys.executable, str(ENGINE), d.socket, LABEL, str(stop_file), "200"],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        steps = f'sum(stallscope_step_duration_seconds_count{{run_label="{LABEL}"}})'
+        # Scraped while the engine runs: Prometheus sees steps before it stops.
+        seen_running = wait_for(lambda: (prom.scalar(steps) or 0) > 0, 90, interval_s=0.5)
+        assert seen_running, (prom.target_health(), d.new_log())
+        assert engine.poll() is None, "the engine stopped before a scrape saw it"
+        stop_file.touch()
+        out, _ = engine.communicate(timeout=120)
+        result = json.loads(out)
+        made = sum(result["steps"].values())
+        assert result["stats"]["drops_full"] == 0 and result["stats"]["drops_disconnected"] == 0
+
+        # Every step reaches Prometheus: the scrape after the last decode.
+        assert wait_for(lambda: prom.scalar(steps) == made, 60, interval_s=0.5), (
+            prom.scalar(steps),
+            made,
+        )
+        by_stage = prom.query(
+            f'sum by (stage) (stallscope_step_duration_seconds_count{{run_label="{LABEL}"}})'
+        )
+        assert by_stage == {
+            frozenset({("stage", "prefill")}): result["steps"]["prefill"],
+            frozenset({("stage", "decode")}): result["steps"]["decode"],
+        }
+        # The histogram's +Inf bucket is its count; the sum is positive (2 ms sleeps).
+        inf = prom.scalar(
+            f'sum(stallscope_step_duration_seconds_bucket{{run_label="{LABEL}",le="+Inf"}})'
+        )
+        assert inf == made
+        assert prom.scalar("sum(stallscope_step_duration_seconds_sum)") >= made * 0.002
+
+        gen2 = 'sum(stallscope_gc_passes_total{generation="2"})'
+        assert wait_for(
+            lambda: (prom.scalar(gen2) or 0) >= result["forced_gen2"], 30, interval_s=0.5
+        ), (prom.scalar(gen2), result["forced_gen2"])
+        # The daemon's own final figures (every record is in by now), then
+        # Prometheus catching up with them.
+        direct = samples(scrape(port))
+        final = {
+            frozenset({("generation", g)}): total(
+                direct, "stallscope_gc_passes_total", generation=g
+            )
+            for g in ("0", "1", "2")
+            if total(direct, "stallscope_gc_passes_total", generation=g)
+        }
+        gc_query = "sum by (generation) (stallscope_gc_passes_total)"
+        assert wait_for(lambda: prom.query(gc_query) == final, 30, interval_s=0.5), (
+            prom.query(gc_query),
+            final,
+        )
+        gc_by_gen = prom.query(gc_query)
+        pauses = prom.query("sum by (generation) (stallscope_gc_pause_seconds_count)")
+        assert gc_by_gen == pauses
+        assert all(h == "up" for h in prom.target_health())
+    finally:
+        if engine is not None and engine.poll() is None:
+            engine.kill()
+            engine.wait()
+        if prom is not None:
+            prom.stop()
+        rc, _ = d.stop()
+    assert rc == 0, d.read_log()
+
+    # What Prometheus returned is what the database holds.
+    db_steps = dict(
+        d.query(
+            "SELECT s.stage, count(*) FROM spans s JOIN runs r USING (run_id) "
+            "WHERE s.kind = 'step' AND r.label = ? GROUP BY s.stage",
+            [LABEL],
+        )
+    )
+    assert db_steps == result["steps"]
+    db_gc = dict(d.query("SELECT generation, count(*) FROM gc_events GROUP BY generation"))
+    assert {frozenset({("generation", str(g))}): float(n) for g, n in db_gc.items()} == gc_by_gen
+    assert db_gc[2] >= result["forced_gen2"]
