@@ -17,6 +17,7 @@ import logging
 import threading
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -174,14 +175,15 @@ class Metrics:
         self._steps.add(distinct, remap[inverse.ravel()], durations_ns)
 
     def _fold_spans(self, batch):
-        is_step = _np(pc.fill_null(pc.equal(batch["kind"], "step"), False))
+        # cast: a batch whose names are all unknown has a column of type null.
+        is_step = _np(pc.fill_null(pc.equal(batch["kind"].cast(pa.string()), "step"), False))
         if not is_step.any():
             return
         run_ids = _np(batch["run_id"])[is_step]
         durations = (_np(batch["end_ns"])[is_step] - _np(batch["start_ns"])[is_step]).astype(
             np.float64
         )
-        stages = _np(pc.fill_null(batch["stage"], ""))[is_step].astype(object)
+        stages = _np(pc.fill_null(batch["stage"].cast(pa.string()), ""))[is_step].astype(object)
         with self._lock:
             for run_id in np.unique(run_ids).tolist():
                 sel = run_ids == run_id
@@ -222,7 +224,7 @@ class Metrics:
         for column, *_ in GPU_FIELDS:
             if column not in batch.column_names:
                 continue
-            values = batch[column]
+            values = batch[column].cast(pa.int64())  # a column of nulls has type null
             valid = _np(pc.invert(pc.is_null(values)))
             numbers = _np(pc.fill_null(values, 0))
             for gpu in np.unique(gpus).tolist():
