@@ -2,6 +2,7 @@
 PromQL over its HTTP API returns the step and GC counts the database holds."""
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +19,9 @@ from helpers.prometheus import (
 from helpers.waiting import wait_for
 
 ENGINE = Path(__file__).with_name("metrics_engine.py")
+DASHBOARD = Path(__file__).resolve().parents[2] / "docs" / "grafana-dashboard.json"
+# Panels that must show data after the engine's run (no GPU, no kernel probes here).
+MUST_HAVE_DATA = ("Step time", "Steps per second", "GC passes", "GC pause", "Records", "Daemon")
 LABEL = "prom-e2e"
 
 
@@ -88,6 +92,7 @@ def test_prometheus_scrapes_steps_and_gc_passes_while_the_engine_runs(tmp_path):
         pauses = prom.query("sum by (generation) (stallscope_gc_pause_seconds_count)")
         assert gc_by_gen == pauses
         assert all(h == "up" for h in prom.target_health())
+        check_dashboard(prom, scrape(port))
     finally:
         if engine is not None and engine.poll() is None:
             engine.kill()
@@ -109,3 +114,27 @@ def test_prometheus_scrapes_steps_and_gc_passes_while_the_engine_runs(tmp_path):
     db_gc = dict(d.query("SELECT generation, count(*) FROM gc_events GROUP BY generation"))
     assert {frozenset({("generation", str(g))}): float(n) for g, n in db_gc.items()} == gc_by_gen
     assert db_gc[2] >= result["forced_gen2"]
+
+
+def check_dashboard(prom, exposition):
+    """Every query of the example Grafana dashboard is valid PromQL for this
+    Prometheus, names only metrics the daemon exports, and the panels about
+    steps, GC and the daemon show data."""
+    board = json.loads(DASHBOARD.read_text())
+    # Every family the daemon declares, with data or not (no GPU here).
+    exported = set(re.findall(r"^# TYPE (\S+)", exposition, re.M))
+    for panel in board["panels"]:
+        for target in panel["targets"]:
+            expr = (
+                target["expr"]
+                .replace("$instance", ".*")
+                .replace("$run_label", ".*")
+                .replace("$__rate_interval", "1m")
+            )
+            got = prom.query(expr)  # a parse error fails inside query()
+            names = set(re.findall(r"\b(stallscope_[a-z_]+|DCGM_FI_[A-Z_]+)", expr))
+            names = {re.sub(r"_(bucket|count|sum)$", "", n) for n in names}
+            for name in names:
+                assert name in exported, f"{panel['title']}: {name} is not exported"
+            if panel["title"].startswith(MUST_HAVE_DATA) and target["refId"] == "A":
+                assert got, f"{panel['title']}: {expr} has no data"

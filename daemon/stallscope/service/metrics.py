@@ -70,19 +70,27 @@ class _Histograms:
         self.bounds_ns = np.array([b * 1e9 for b in bounds_s])
         self.by_key = {}  # labels tuple -> [counts (len(bounds)+1 int64), sum_ns]
 
-    def add(self, keys, inverse, durations_ns):
-        """keys: the distinct label tuples; inverse: each row's index in keys."""
+    def tally(self, inverse, n_keys, durations_ns):
+        """(bucket counts [n_keys, buckets], sums ns [n_keys]) of rows whose
+        key index is `inverse`."""
         nb = len(self.bounds_ns) + 1
         # v <= bound lands in that bound's bucket (Prometheus `le`).
         bucket = np.searchsorted(self.bounds_ns, durations_ns, side="left")
-        counts = np.bincount(inverse * nb + bucket, minlength=len(keys) * nb).reshape(-1, nb)
-        sums = np.bincount(inverse, weights=durations_ns, minlength=len(keys))
+        counts = np.bincount(inverse * nb + bucket, minlength=n_keys * nb).reshape(-1, nb)
+        return counts, np.bincount(inverse, weights=durations_ns, minlength=n_keys)
+
+    def merge(self, key, counts, sum_ns):
+        entry = self.by_key.get(key)
+        if entry is None:
+            entry = self.by_key[key] = [np.zeros(len(self.bounds_ns) + 1, dtype=np.int64), 0.0]
+        entry[0] += counts
+        entry[1] += float(sum_ns)
+
+    def add(self, keys, inverse, durations_ns):
+        """keys: the distinct label tuples; inverse: each row's index in keys."""
+        counts, sums = self.tally(inverse, len(keys), durations_ns)
         for i, key in enumerate(keys):
-            entry = self.by_key.get(key)
-            if entry is None:
-                entry = self.by_key[key] = [np.zeros(nb, dtype=np.int64), 0.0]
-            entry[0] += counts[i]
-            entry[1] += float(sums[i])
+            self.merge(key, counts[i], sums[i])
 
     def family(self, name, doc, label_names):
         fam = HistogramMetricFamily(name, doc, labels=label_names)
@@ -131,7 +139,7 @@ class Metrics:
         self._stage = _Bounded(max_label_values)
         self._labels = {}  # run_id -> bounded label value
         self._steps = _Histograms(STEP_BUCKETS_S)  # (run_label, stage)
-        self._unlabelled = {}  # run_id -> [(stages, durations_ns)] until its label is known
+        self._unlabelled = {}  # run_id -> {stage: [counts, sum_ns]} until its label is known
         self._gc = _Histograms(GC_BUCKETS_S)  # (generation,)
         self._gc_collected = {}  # generation -> objects
         self._offcpu_s = {"preempted": 0.0, "blocked": 0.0}
@@ -162,36 +170,43 @@ class Metrics:
             for old in list(self._labels)[: MAX_KNOWN_RUNS // 10]:
                 del self._labels[old]
         bounded = self._labels[run_id] = self._run_label(label)
-        for stages, durations in self._unlabelled.pop(run_id, ()):
-            self._add_steps(bounded, stages, durations)
-
-    def _add_steps(self, label, stages, durations_ns):
-        """Under the lock: steps of one run label (stages: object array)."""
-        names, inverse = np.unique(stages, return_inverse=True)
-        keys = [(label, self._stage(s)) for s in names.tolist()]
-        # Two stages folded into OTHER share a key: merge them first.
-        distinct = list(dict.fromkeys(keys))
-        remap = np.array([distinct.index(k) for k in keys], dtype=np.int64)
-        self._steps.add(distinct, remap[inverse.ravel()], durations_ns)
+        for stage, (counts, sum_ns) in self._unlabelled.pop(run_id, {}).items():
+            self._steps.merge((bounded, self._stage(stage)), counts, sum_ns)
 
     def _fold_spans(self, batch):
-        # cast: a batch whose names are all unknown has a column of type null.
-        is_step = _np(pc.fill_null(pc.equal(batch["kind"].cast(pa.string()), "step"), False))
-        if not is_step.any():
+        # All in Arrow and numpy: no Python object per row (a string column
+        # turned into Python strings halved the ingest rate). cast: a batch
+        # whose names are all unknown has a column of type null.
+        is_step = pc.fill_null(pc.equal(batch["kind"].cast(pa.string()), "step"), False)
+        steps = batch.filter(is_step)
+        if steps.num_rows == 0:
             return
-        run_ids = _np(batch["run_id"])[is_step]
-        durations = (_np(batch["end_ns"])[is_step] - _np(batch["start_ns"])[is_step]).astype(
-            np.float64
+        durations = (_np(steps["end_ns"]) - _np(steps["start_ns"])).astype(np.float64)
+        encoded = pc.dictionary_encode(
+            pc.fill_null(steps["stage"].cast(pa.string()), "")
+        ).combine_chunks()
+        stage_names = encoded.dictionary.to_pylist()  # the few distinct stages
+        stage_idx = _np(encoded.indices).astype(np.int64)
+        runs, run_idx = np.unique(_np(steps["run_id"]), return_inverse=True)
+        n_stages = len(stage_names)
+        counts, sums = self._steps.tally(
+            run_idx.ravel() * n_stages + stage_idx, len(runs) * n_stages, durations
         )
-        stages = _np(pc.fill_null(batch["stage"].cast(pa.string()), ""))[is_step].astype(object)
         with self._lock:
-            for run_id in np.unique(run_ids).tolist():
-                sel = run_ids == run_id
+            for i, run_id in enumerate(runs.tolist()):
                 label = self._labels.get(run_id)
-                if label is None:
-                    self._unlabelled.setdefault(run_id, []).append((stages[sel], durations[sel]))
-                else:
-                    self._add_steps(label, stages[sel], durations[sel])
+                for j, stage in enumerate(stage_names):
+                    k = i * n_stages + j
+                    if not counts[k].any():
+                        continue
+                    if label is not None:
+                        self._steps.merge((label, self._stage(stage)), counts[k], sums[k])
+                        continue
+                    # Its runs row comes later: kept per run until the label is known.
+                    waiting = self._unlabelled.setdefault(run_id, {})
+                    entry = waiting.setdefault(stage, [0, 0.0])
+                    entry[0] = entry[0] + counts[k]
+                    entry[1] += float(sums[k])
 
     def _fold_gc(self, batch):
         gens = _np(batch["generation"]).astype(np.int64)
