@@ -18,6 +18,7 @@ import time
 import probe_client
 
 GC_EVERY = 25
+HEAP_OBJECTS = 300_000
 
 
 class Node:
@@ -34,6 +35,7 @@ def garbage(n):
 def main(argv):
     socket_path, label, stop_file = argv[0], argv[1], argv[2]
     min_steps = int(argv[3]) if len(argv) > 3 else 200
+    heap = [[] for _ in range(HEAP_OBJECTS)]  # what a gen-2 pass must traverse
     probe = probe_client.connect(socket_path=socket_path, run_label=label, gc=True)
     steps = {"prefill": 0, "decode": 0}
     forced = 0
@@ -42,14 +44,15 @@ def main(argv):
         stage = "prefill" if n % 2 == 0 else "decode"
         t0 = probe.begin()
         time.sleep(0.002)
-        probe.end("step", t0, stage=stage, batch=4)
-        steps[stage] += 1
         n += 1
         if n % GC_EVERY == 0:
             garbage(50)
             gc.collect(2)
             forced += 1
+        probe.end("step", t0, stage=stage, batch=4)
+        steps[stage] += 1
     probe.close()
+    del heap
     print(json.dumps({"steps": steps, "forced_gen2": forced, "stats": probe.stats()}), flush=True)
 
 

@@ -27,7 +27,9 @@ LABEL = "prom-e2e"
 
 def test_prometheus_scrapes_steps_and_gc_passes_while_the_engine_runs(tmp_path):
     require_prometheus()
-    d = DaemonProcess(tmp_path, extra_args=["--metrics-listen", "127.0.0.1:0"]).start()
+    # With the API: its live stall detector finds the slow steps /metrics counts.
+    api = ["--api-socket", str(tmp_path / "api.sock")]
+    d = DaemonProcess(tmp_path, extra_args=["--metrics-listen", "127.0.0.1:0", *api]).start()
     prom = None
     engine = None
     try:
@@ -89,6 +91,13 @@ def test_prometheus_scrapes_steps_and_gc_passes_while_the_engine_runs(tmp_path):
             final,
         )
         gc_by_gen = prom.query(gc_query)
+        # Each forced gen-2 pass ran inside a step 10x its 2 ms baseline: a
+        # slow step caused by GC (the detector needs 5 steps of history first,
+        # and an unlucky sleep may make another cause win: at least half).
+        slow_gc = 'sum(stallscope_slow_steps_total{cause="gc"})'
+        want = total(samples(scrape(port)), "stallscope_slow_steps_total", cause="gc")
+        assert want >= result["forced_gen2"] / 2, scrape(port)
+        assert wait_for(lambda: prom.scalar(slow_gc) == want, 30, interval_s=0.5)
         pauses = prom.query("sum by (generation) (stallscope_gc_pause_seconds_count)")
         assert gc_by_gen == pauses
         assert all(h == "up" for h in prom.target_health())

@@ -2,9 +2,9 @@
 
 Starts prometheus-client's HTTP server on its own thread with a registry of
 our own (the `Metrics` collector and nothing global), registers `Metrics` as
-a store listener, and follows the live stall detector's alerts for the slow
-step counts: the API's detector when the API runs, else one of its own fed
-by the store like the API's. Plain HTTP, as Prometheus scrapes by default:
+a store listener, and follows the API's live stall detector's alerts for
+the slow step counts (without the API there are none: a detector of its
+own would cost ingest more than everything else here). Plain HTTP, as Prometheus scrapes by default:
 bind it to loopback or a private interface (docs/metrics.md). A port that
 cannot be bound is a `ConfigError` before the daemon says it is ready. It
 never touches the database but through `Metrics`' read-only cursors.
@@ -65,33 +65,24 @@ class MetricsServer:
                 f"metrics: cannot listen on {listen}: {exc.strerror or exc}"
             ) from None
         self.port = self.httpd.server_port
-        self._own_fanout = self._own_detector = None
         daemon.store.add_listener(self.metrics.on_batch)
         api = getattr(daemon, "api", None)
-        if api is not None:
-            fanout = api.fanout
-        else:
-            # No API: a detector of our own, fed exactly as the API feeds its.
-            from stallscope.api.alerts import StallDetector
-            from stallscope.api.fanout import Fanout
-
-            def run_pids():
-                return {r.run_id: r.pid for r in list(daemon.ingest.runs.values())}
-
-            fanout = self._own_fanout = Fanout(run_pids)
-            self._own_detector = StallDetector(fanout).start()
-            daemon.store.add_listener(fanout.on_batch)
-        self.alerts = _AlertFollower(self.metrics, fanout)
+        # Slow steps are the API's stall detector's alerts. Without the API no
+        # detector of our own is started: its per-step work halved saturated
+        # ingest (bench/metrics_cost.py), and metrics must not slow ingest.
+        self.alerts = _AlertFollower(self.metrics, api.fanout) if api is not None else None
+        if api is None:
+            log.info(
+                "metrics: stallscope_slow_steps_total stays empty without the API "
+                "(api.socket): its live stall detector finds the slow steps"
+            )
         shown = f"[{host}]" if ":" in host else host
         log.info("metrics serving on http://%s:%d/metrics", shown, self.port)
 
     def stop(self):
         self.daemon.store.remove_listener(self.metrics.on_batch)
-        self.alerts.stop()
-        if self._own_fanout is not None:
-            self.daemon.store.remove_listener(self._own_fanout.on_batch)
-            self._own_detector.stop()
-            self._own_fanout.close_all()
+        if self.alerts is not None:
+            self.alerts.stop()
         self.httpd.shutdown()
         self.httpd.server_close()
         self._thread.join(timeout=2)
