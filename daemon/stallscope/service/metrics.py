@@ -5,11 +5,11 @@ on the producer's thread): it folds a whole batch into a few numpy bucket
 counts and sums under one short lock, never a Python step per record, so a
 scrape costs ingest nothing and a busy ingest costs a scrape nothing. The
 rest (records stored, lost and rejected, probe states, the daemon's CPU and
-memory) is read when Prometheus scrapes (`collect`). Slow steps by cause
-come from the live stall detector's alerts (api/alerts.py, the same rule as
-the views' live subset). Labels are bounded: run label and stage keep their
-first `max_label_values` values each and fold the rest into "other"; no pid,
-tid or run id label exists. docs/metrics.md lists every metric. It never
+memory) is read when Prometheus scrapes (`metrics_scrape.py`). Slow steps
+by cause are the API's live stall detector's alerts (api/alerts.py), handed
+to `fold_alerts`. Labels are bounded: run label and stage keep their first
+`max_label_values` values each and fold the rest into "other"; no pid, tid
+or run id label exists. docs/metrics.md lists every metric. It never
 writes to the database and never blocks a producer on a scrape.
 """
 
@@ -21,12 +21,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from prometheus_client.core import (
     CounterMetricFamily,
-    GaugeMetricFamily,
     HistogramMetricFamily,
 )
 
-from stallscope.probes.gpu_reasons import CLOCK_EVENT_REASONS
-from stallscope.service import selfstats
+from stallscope.service import metrics_scrape as scrape
+from stallscope.service.metrics_scrape import GPU_FIELDS, counter
 
 log = logging.getLogger("stallscope.metrics")
 
@@ -44,22 +43,6 @@ DEFAULT_MAX_LABEL_VALUES = 32
 # run_id -> label entries kept; past this the oldest are forgotten (and
 # looked up again in the database if their run sends more steps).
 MAX_KNOWN_RUNS = 10_000
-# NVML fields exported under DCGM exporter's names (same meaning, same unit
-# once converted): (column, DCGM name, help, scale).
-GPU_FIELDS = (
-    ("sm_clock_mhz", "DCGM_FI_DEV_SM_CLOCK", "SM clock frequency (in MHz).", 1.0),
-    ("mem_clock_mhz", "DCGM_FI_DEV_MEM_CLOCK", "Memory clock frequency (in MHz).", 1.0),
-    ("power_mw", "DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).", 0.001),
-    ("temp_c", "DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C).", 1.0),
-    ("util_pct", "DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", 1.0),
-    ("mem_util_pct", "DCGM_FI_DEV_MEM_COPY_UTIL", "Memory utilization (in %).", 1.0),
-    (
-        "clock_event_reasons",
-        "DCGM_FI_DEV_CLOCKS_EVENT_REASONS",
-        "Current clock event reasons (bitmask of NVML clocks event reasons).",
-        1.0,
-    ),
-)
 
 
 class _Histograms:
@@ -292,25 +275,25 @@ class Metrics:
             for (gen,), (counts, _) in sorted(self._gc.by_key.items()):
                 passes.add_metric([gen], float(counts.sum()))
             yield passes
-            yield _counter(
+            yield counter(
                 "stallscope_gc_collected_objects",
                 "Objects collected by those passes, by generation.",
                 "generation",
                 {str(g): n for g, n in self._gc_collected.items()},
             )
-            yield _counter(
+            yield counter(
                 "stallscope_slow_steps",
                 "Steps slower than SLOW_FACTOR x their running baseline, by live cause.",
                 "cause",
                 self._slow,
             )
-            yield _counter(
+            yield counter(
                 "stallscope_offcpu_seconds",
                 "Time traced threads spent off CPU, by kind (preempted or blocked).",
                 "kind",
                 self._offcpu_s,
             )
-            yield _counter(
+            yield counter(
                 "stallscope_offcpu_intervals",
                 "Off-CPU intervals of traced threads, by kind.",
                 "kind",
@@ -318,14 +301,14 @@ class Metrics:
             )
             folded = {"run_label": self._run_label.folded, "stage": self._stage.folded}
             gpu = {g: dict(v) for g, v in self._gpu.items()}
-        yield _counter(
+        yield counter(
             "stallscope_metrics_label_values_folded",
             f"Label values folded into '{OTHER}' (past metrics.max_label_values).",
             "label",
             folded,
         )
-        yield from _gpu_families(gpu)
-        yield from self._daemon_families()
+        yield from scrape.gpu_families(gpu)
+        yield from scrape.daemon_families(self.daemon)
 
     def _label_waiting_runs(self):
         """Runs whose steps arrived before their `runs` row (ingest appends a
@@ -359,84 +342,6 @@ class Metrics:
         nothing is waiting to be written."""
         return self.daemon.store.pending_rows == 0 and run_id not in self.daemon.ingest.runs
 
-    def _daemon_families(self):
-        d = self.daemon
-        ing = d.ingest.status()
-        store = d.store
-        yield _counter(
-            "stallscope_records_received",
-            "Records received from probe clients.",
-            None,
-            ing.get("records_received", 0),
-        )
-        yield _counter(
-            "stallscope_rows_stored", "Rows written to the database.", None, store.rows_written
-        )
-        yield _counter(
-            "stallscope_records_lost",
-            "Records known lost: 'client' (dropped before reaching the daemon), "
-            "'store' (rows the database would not take).",
-            "where",
-            {"client": ing.get("lost_records", 0), "store": store.rows_lost},
-        )
-        yield _counter(
-            "stallscope_records_rejected",
-            "Records ingest refused, by reason (a fixed set of codes).",
-            "reason",
-            ing.get("rejections", {}),
-        )
-        yield _gauge(
-            "stallscope_rows_pending", "Rows queued for the database.", None, store.pending_rows
-        )
-        yield _gauge(
-            "stallscope_connections",
-            "Probe client connections open.",
-            None,
-            ing.get("connections", 0),
-        )
-        states = GaugeMetricFamily(
-            "stallscope_probe_state",
-            "1 for each probe's current state (active, unavailable, failed, stopped) and backend.",
-            labels=["probe", "backend", "state"],
-        )
-        for probe, backend, state in self._probe_states():
-            states.add_metric([probe, backend, state], 1.0)
-        yield states
-        yield _counter(
-            "stallscope_daemon_cpu_seconds",
-            "CPU time the daemon used (user + system).",
-            None,
-            selfstats.cpu_seconds(),
-        )
-        rss = selfstats.rss_bytes(getattr(getattr(d, "settings", None), "proc_root", "/proc"))
-        if rss is not None:
-            yield _gauge(
-                "stallscope_daemon_resident_memory_bytes",
-                "The daemon's resident set size.",
-                None,
-                rss,
-            )
-
-    def _probe_states(self):
-        try:
-            cur = self.daemon.store.cursor()
-            try:
-                rows = cur.execute(
-                    "SELECT probe, backend, state FROM probe_status QUALIFY row_number() "
-                    "OVER (PARTITION BY probe ORDER BY ts_ns DESC) = 1 ORDER BY probe"
-                ).fetchall()
-            finally:
-                cur.close()
-        except Exception as exc:
-            log.debug("metrics: probe states unavailable: %s", exc)
-            rows = []
-        seen = {r[0] for r in rows}
-        out = [(p, b or "", s or "") for p, b, s in rows]
-        for probe in getattr(self.daemon, "probes", []):  # started, not yet flushed
-            if probe.name not in seen:
-                out.append((probe.name, probe.backend or "", "active"))
-        return out
-
 
 _FOLDERS = {
     "runs": Metrics._fold_runs,
@@ -445,40 +350,3 @@ _FOLDERS = {
     "offcpu": Metrics._fold_offcpu,
     "nvml_samples": Metrics._fold_gpu,
 }
-
-
-def _counter(name, doc, label, values):
-    fam = CounterMetricFamily(name, doc, labels=[label] if label else None)
-    if label is None:
-        fam.add_metric([], float(values))
-    else:
-        for key, value in sorted(values.items()):
-            fam.add_metric([str(key)], float(value))
-    return fam
-
-
-def _gauge(name, doc, label, value):
-    fam = GaugeMetricFamily(name, doc, labels=[label] if label else None)
-    fam.add_metric([], float(value))
-    return fam
-
-
-def _gpu_families(gpu):
-    for column, name, doc, scale in GPU_FIELDS:
-        fam = GaugeMetricFamily(name, doc, labels=["gpu"])
-        for index, values in sorted(gpu.items()):
-            if column in values:
-                fam.add_metric([str(index)], values[column] * scale)
-        yield fam
-    reasons = GaugeMetricFamily(
-        "stallscope_gpu_clock_event_reason",
-        "1 while NVML reports this clock-event reason for the GPU (latest sample), else 0.",
-        labels=["gpu", "reason"],
-    )
-    for index, values in sorted(gpu.items()):
-        mask = values.get("clock_event_reasons")
-        if mask is None:
-            continue
-        for bit, (reason, _) in CLOCK_EVENT_REASONS.items():
-            reasons.add_metric([str(index), reason], 1.0 if mask & bit else 0.0)
-    yield reasons
