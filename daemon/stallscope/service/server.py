@@ -93,6 +93,8 @@ class Daemon:
         config=None,
         retention_limits=None,
         stop_event=None,
+        metrics_listen=None,
+        metrics_max_label_values=32,
     ):
         self.settings = settings or ProbeSettings()
         limit_allocator_caches()
@@ -110,6 +112,9 @@ class Daemon:
         self.api = None
         self.api_socket = api_socket
         self.api_options = api_options or {}
+        self.metrics_listen = metrics_listen
+        self.metrics_max_label_values = metrics_max_label_values
+        self.metrics = None  # service/metrics_http.MetricsServer while serving
         self.started_ns = time.monotonic_ns()
         self.config_source = config_source  # re-read on SIGHUP (daemon/reload.py)
         self.config = config
@@ -285,6 +290,17 @@ class Daemon:
                 raise
             if self.api_socket:
                 endpoint.publish(self.store.path, self.api_socket)
+        if self.metrics_listen:
+            # After the API: the metrics count the API's stall alerts when it runs.
+            from stallscope.service.metrics_http import MetricsServer
+
+            try:
+                self.metrics = MetricsServer(
+                    self, self.metrics_listen, self.metrics_max_label_values
+                )
+            except BaseException:
+                self.shutdown()
+                raise
         signal.signal(signal.SIGTERM, self.stop)
         signal.signal(signal.SIGINT, self.stop)
         signal.signal(signal.SIGHUP, lambda *_: self._reload.set())
@@ -323,6 +339,8 @@ class Daemon:
         if self.notify:
             self.notify.stopping()
         t0 = time.monotonic()
+        if self.metrics is not None:
+            self.metrics.stop()
         if self.api is not None:
             self.api.stop(grace=0.5)
             endpoint.withdraw(self.store.path)
