@@ -26,6 +26,7 @@ from stallscope.service.export import DaemonExports
 from stallscope.service.ingest import Ingest
 from stallscope.service.retention import Retention
 from stallscope.service.store import DB_UMASK, Store
+from stallscope.service.watch import PidWatcher
 
 log = logging.getLogger("stallscope.daemon")
 
@@ -94,12 +95,16 @@ class Daemon:
         config=None,
         retention_limits=None,
         stop_event=None,
+        metrics_listen=None,
+        metrics_max_label_values=32,
     ):
         self.settings = settings or ProbeSettings()
         limit_allocator_caches()
         # Files the daemon creates (database, WAL, exports) are never
         # world-readable; sockets set their own mode explicitly.
         os.umask(os.umask(DB_UMASK) | DB_UMASK)
+        if (config or {}).get("export.after_retention") and not config.get("export.parquet_dir"):
+            raise ConfigError("export.after_retention needs export.parquet_dir (--export-dir DIR)")
         self.store = Store(db_path, flush_interval_s=flush_interval_s)
         self.sink = StoreSink(self.store)
         self.coverage = Coverage(self.store)
@@ -111,6 +116,9 @@ class Daemon:
         self.api = None
         self.api_socket = api_socket
         self.api_options = api_options or {}
+        self.metrics_listen = metrics_listen
+        self.metrics_max_label_values = metrics_max_label_values
+        self.metrics = None  # service/metrics_http.MetricsServer while serving
         self.started_ns = time.monotonic_ns()
         self.config_source = config_source  # re-read on SIGHUP (daemon/reload.py)
         self.config = config
@@ -135,6 +143,8 @@ class Daemon:
                 on_untrack=self._untrack,
                 on_run_end=self.coverage.run_ended,
                 socket_group=group,
+                on_watch=self.watcher.request,
+                on_step_threads=self._step_threads,
             )
         except BaseException:
             # e.g. the socket is in use by another daemon: release the probes
@@ -142,21 +152,13 @@ class Daemon:
             self._stop_probes()
             self.store.close()
             raise
-        self._follow_gc_from_outside()
+        # GC of the --pid processes through CPython's USDT markers: a run each.
+        self.watcher.follow_at_start(self.extra_pids)
         cfg = config or {}
         self.exports = DaemonExports(
             self.store, cfg.get("export.parquet_dir") or None, cfg.get("export.host") or None
         )
-        after = None
-        if cfg.get("export.after_retention"):
-            if self.exports.out_dir is None:
-                self._stop_probes()
-                self.ingest.close()
-                self.store.close()
-                raise ConfigError(
-                    "export.after_retention needs export.parquet_dir (--export-dir DIR)"
-                )
-            after = self.exports.after_retention
+        after = self.exports.after_retention if cfg.get("export.after_retention") else None
         self.retention = (
             Retention(
                 self.store,
@@ -203,41 +205,9 @@ class Daemon:
             )
             log.info("%s probe: using %s", name, cls.backend)
         self.deep = DeepWindows(self.probes, self.coverage, deep=self.settings.deep)
+        self.watcher = PidWatcher(self)
         for pid in self.extra_pids:
             self._track(pid)
-
-    def _follow_gc_from_outside(self):
-        """GC passes of the --pid processes through CPython's USDT markers
-        (probes/gc_usdt.py): a run per process, no client needed."""
-        if not self.extra_pids:
-            return
-        from stallscope.probes.gc_usdt import UsdtGcProbe, command_line
-
-        reason = UsdtGcProbe.unavailable(self.settings)
-        if reason is not None:
-            self.store.record_probe_status("gc", None, "unavailable", reason)
-            log.warning("gc probe unavailable: %s", reason)
-            return
-        probe = UsdtGcProbe(self.settings)
-        probe.start(self.sink)
-        self.probes.append(probe)
-        for pid in sorted(self.extra_pids):
-            missing = probe.usdt_missing(pid, self.settings.proc_root)
-            if missing is not None:
-                self.store.record_probe_status("gc", "usdt", "unavailable", f"pid {pid}: {missing}")
-                log.warning("gc probe: pid %d: %s", pid, missing)
-                continue
-            argv = command_line(pid, self.settings.proc_root)
-            run_id = self.ingest.external_run(pid, argv, " ".join(argv)[:120] or f"pid {pid}")
-            try:
-                probe.follow(pid, run_id)
-            except Exception as exc:
-                self.store.record_probe_status(
-                    "gc", "usdt", "failed", f"pid {pid}: {type(exc).__name__}: {exc}"
-                )
-                log.error("gc probe: cannot follow pid %d: %s", pid, exc)
-                continue
-            self.store.record_probe_status("gc", "usdt", "active", f"pid {pid}: run {run_id}")
 
     def _stop_probes(self):
         for probe in self.probes:
@@ -259,6 +229,43 @@ class Daemon:
                 covering.append(probe.name)
         if run_id is not None:
             self.coverage.run_started(run_id, pid, covering)
+
+    def _step_threads(self, pid, tids):
+        """Threads of `pid` that emit spans: probes that summarise other
+        threads keep exact rows for these."""
+        for probe in self.probes:
+            detail = getattr(probe, "detail_threads", None)
+            if detail is None:
+                continue
+            try:
+                detail(pid, tids)
+            except Exception as exc:
+                log.warning(
+                    "%s probe could not keep pid %d's step threads: %s", probe.name, pid, exc
+                )
+
+    def track_external(self, pid, run_id, followed_ns):
+        """A process followed with no client (service/watch.py): the other
+        probes follow it as they would a client's, the GC probe keeps it
+        (covering it since `followed_ns`)."""
+        self.tracked_pids.add(pid)
+        covering = ["gc"]
+        for probe in self.probes:
+            if probe is self.watcher.probe:
+                continue  # its track() means "a client took over"
+            try:
+                probe.track(pid)
+            except Exception as exc:
+                log.warning("%s probe could not follow pid %d: %s", probe.name, pid, exc)
+                continue
+            if probe.covering():
+                covering.append(probe.name)
+        self.coverage.run_started(run_id, pid, ["gc"], followed_ns)
+        self.coverage.run_started(run_id, pid, covering[1:])
+
+    def untrack_external(self, pid, run_id, ended_ns):
+        self.coverage.run_ended(run_id, ended_ns)
+        self._untrack(pid)
 
     def start_diagnosis(self, duration_s):
         """Attach the expensive probes for `duration_s` (see service/deep.py)."""
@@ -297,6 +304,17 @@ class Daemon:
                 raise
             if self.api_socket:
                 endpoint.publish(self.store.path, self.api_socket)
+        if self.metrics_listen:
+            # After the API: the metrics count the API's stall alerts when it runs.
+            from stallscope.service.metrics_http import MetricsServer
+
+            try:
+                self.metrics = MetricsServer(
+                    self, self.metrics_listen, self.metrics_max_label_values
+                )
+            except BaseException:
+                self.shutdown()
+                raise
         signal.signal(signal.SIGTERM, self.stop)
         signal.signal(signal.SIGINT, self.stop)
         signal.signal(signal.SIGHUP, lambda *_: self._reload.set())
@@ -322,6 +340,7 @@ class Daemon:
                 live = self.api is not None and self.api.live_subscribers() > 0
                 next_decode = now + (LIVE_DECODE_INTERVAL_S if live else DECODE_INTERVAL_S)
                 self.deep.tick()
+                self.watcher.tick()
                 if self._reload.is_set():
                     self._reload.clear()
                     config_reload.apply(self)
@@ -334,6 +353,8 @@ class Daemon:
         if self.notify:
             self.notify.stopping()
         t0 = time.monotonic()
+        if self.metrics is not None:
+            self.metrics.stop()
         if self.api is not None:
             self.api.stop(grace=0.5)
             endpoint.withdraw(self.store.path)

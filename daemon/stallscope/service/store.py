@@ -66,6 +66,7 @@ STORED_TABLES = (
     "steal",
     "coverage",
     "run_events",
+    "sched_summary",  # stored_ns added by 090_sched_summary.sql
 )
 
 # The one statement that writes `probe_status` (record_probe_status).
