@@ -45,7 +45,9 @@ def emitter(socket_path, rate, seconds, go, out, client_flush_ms=0):
         # (20 ms as shipped): a shorter one shows the daemon's own share.
         from probe_client import _probe, _transport
 
-        _probe._CONSTS["interval"] = _transport.FLUSH_INTERVAL_NS = int(client_flush_ms * 1e6)
+        interval_ns = int(client_flush_ms * 1e6)
+        _probe._CONSTS["interval"] = _probe.FLUSH_INTERVAL_NS = interval_ns
+        _transport.FLUSH_INTERVAL_NS = interval_ns
 
     probe = probe_client.connect(socket_path=socket_path, run_label="latency", gc=False)
     go.wait()
