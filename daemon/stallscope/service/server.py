@@ -1,6 +1,7 @@
 """The daemon process: wires ingest, probes, store and API together.
 
-One thread runs the probe socket (accept, read, decode every 100 ms); the
+One thread runs the probe socket (accept, read, decode every 100 ms, or as
+records arrive while a live stream is open); the
 store's writer thread commits batches every 200 ms; each kernel or GPU probe
 runs its own reader thread. SIGTERM or SIGINT stops accepting, reads what
 clients already sent, flushes and closes the database, and exits 0. A probe
@@ -30,10 +31,12 @@ log = logging.getLogger("stallscope.daemon")
 DECODE_INTERVAL_S = 0.1
 # While someone watches the live stream, records are decoded as soon as
 # they arrive (the selector wakes the loop; nothing is polled), at most once
-# per LIVE_DECODE_MIN_S so a flood of small datagrams is coalesced. A fixed
-# 20 ms cadence used to do this: it added up to 20 ms to every event and
-# woke 50 times a second whether or not anything came (bench/results/api.md).
-LIVE_DECODE_MIN_S = 0.002
+# per LIVE_DECODE_MIN_S so a flood of small datagrams is coalesced (each
+# decode has a fixed cost: with probes sending every 2 ms, a 2 ms floor cost
+# 63% of a core against 45% at 5 ms, for p50 3.9 vs 6.2 ms). A fixed 20 ms
+# cadence used to do this: it added up to 20 ms to every event and woke 50
+# times a second whether or not anything came (bench/results/api.md).
+LIVE_DECODE_MIN_S = 0.005
 # Rows queued for the database beyond which ingest stops reading sockets for
 # a moment: clients then see full sockets and count drops, and the daemon's
 # memory stays bounded instead of growing with a backlog.
