@@ -98,6 +98,11 @@ class Ingest(RunRegistry, RecordDecoder):
         self.records_received = 0
         self.lost_records = 0
         self._lock = threading.Lock()  # guards run state between loop and decode
+        self._progress = {}  # run_id -> (last_seq, records): progress_statements
+        self._progress_lock = threading.Lock()
+        self.undecoded = 0  # records read and queued for decode_pending
+        self._changes = 0  # datagrams, closes and rejections so far
+        self._changes_decoded = 0  # ... as of the latest decode_pending
         self._next_run_id = self._max_run_id() + 1
         self._db_pids = self._pids_with_runs()  # pids a run could be resumed for
         self.listener = self._open_listener(socket_path, listen_fd, socket_group)
@@ -106,6 +111,7 @@ class Ingest(RunRegistry, RecordDecoder):
             # removing it at exit would break the next socket activation.
             self.socket_path = None
         self.selector.register(self.listener, selectors.EVENT_READ, None)
+        store.add_flush_hook(self.progress_statements)
 
     # ----- set-up ------------------------------------------------------------
     def _max_run_id(self):
@@ -206,8 +212,13 @@ class Ingest(RunRegistry, RecordDecoder):
             self._read(conn)
 
     # ----- datagrams -------------------------------------------------------------
+    def has_pending(self):
+        """Whether anything arrived that decode_pending has not handled yet."""
+        return self._changes != self._changes_decoded
+
     def _datagram(self, conn, data):
         self.datagrams += 1
+        self._changes += 1
         run = conn.run
         run_id = run.run_id if run else None
         if len(data) < wire.HEADER_SIZE:
@@ -307,6 +318,7 @@ class Ingest(RunRegistry, RecordDecoder):
                 run.counts.append(count)
                 run.expected_seq = first_seq + n_seq
                 self.records_received += n_seq
+                self.undecoded += n_seq
         return None
 
     def _gc_ring_counter(self, run, data, types):
@@ -317,6 +329,7 @@ class Ingest(RunRegistry, RecordDecoder):
         run.drops_gc_ring = max(run.drops_gc_ring, min(total, SEQ_LIMIT))
 
     def _reject(self, run_id, pid, reason, n=1):
+        self._changes += 1
         self.rejections[reason] += n
         self._pending_rejections[(run_id, pid, reason)] += n
         if self.rejections[reason] == n or self.rejections[reason] % 10000 == 0:
@@ -333,6 +346,7 @@ class Ingest(RunRegistry, RecordDecoder):
         run = conn.run
         if run is None:
             return
+        self._changes += 1
         with self._lock:
             run.connected = False
             change = self._run_changes.setdefault(run.run_id, [0, None])

@@ -109,8 +109,30 @@ class RecordDecoder:
         self.lost_records += count
         self._losses.append((run.run_id, start_ns, end_ns, count, reason))
 
+    def progress_statements(self):
+        """The store's flush hook: one UPDATE of `runs` progress (last_seq,
+        records) for every run that moved since the last flush, not one per
+        decode (~2.5 ms apiece, whatever the number of runs)."""
+        with self._progress_lock:
+            progress, self._progress = self._progress, {}
+        if not progress:
+            return []
+        ids = list(progress)
+        last = [progress[i][0] for i in ids]
+        recs = [progress[i][1] for i in ids]
+        return [
+            (
+                "UPDATE runs SET last_seq = u.last_seq, records = u.records "
+                "FROM (SELECT unnest(?::BIGINT[]) AS run_id, "
+                "unnest(?::BIGINT[]) AS last_seq, unnest(?::BIGINT[]) AS records) u "
+                "WHERE runs.run_id = u.run_id",
+                [ids, last, recs],
+            )
+        ]
+
     def decode_pending(self):
         """Turn every run's queued record bytes into column batches for the store."""
+        self._changes_decoded = self._changes
         new_runs, run_changes = self._take_run_writes()
         with self._lock:
             work = []
@@ -120,6 +142,7 @@ class RecordDecoder:
                     run.chunks, run.first_seqs, run.counts = [], [], []
                     run.unflushed = True
             losses, self._losses = self._losses, []
+            self.undecoded = 0
         self.store.record_losses("client", losses)
         for run, chunks, first_seqs, counts, names in work:
             self._decode_run(run, chunks, first_seqs, counts, names)
@@ -135,15 +158,9 @@ class RecordDecoder:
                 if run.run_id not in new_ids:
                     updates.append((run.run_id, run.expected_seq - 1, run.records))
         if updates:
-            # One statement for every run (not one each: ~2.5 ms apiece).
-            ids, last, recs = (list(c) for c in zip(*updates, strict=True))
-            self.store.sql(
-                "UPDATE runs SET last_seq = u.last_seq, records = u.records "
-                "FROM (SELECT unnest(?::BIGINT[]) AS run_id, "
-                "unnest(?::BIGINT[]) AS last_seq, unnest(?::BIGINT[]) AS records) u "
-                "WHERE runs.run_id = u.run_id",
-                [ids, last, recs],
-            )
+            with self._progress_lock:
+                for run_id, last_seq, records in updates:
+                    self._progress[run_id] = (last_seq, records)
         if rejections:
             now = time.monotonic_ns()
             keys = list(rejections)

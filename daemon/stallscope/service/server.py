@@ -1,8 +1,12 @@
 """The daemon process: wires ingest, probes, store and API together.
 
-One thread runs the probe socket (accept, read, decode every 100 ms); the
-store's writer thread commits batches every 200 ms; each kernel or GPU probe
-runs its own reader thread. SIGTERM or SIGINT stops accepting, reads what
+One thread runs the probe socket (accept, read, and decode within 100 ms of
+a datagram, or as soon as `DECODE_BATCH_RECORDS` wait); it sleeps in the
+selector while nothing arrives, waking every `IDLE_TICK_S` for housekeeping.
+The store's writer thread commits batches by size and age (store.py); each
+kernel or GPU probe runs its own reader thread, which stretches its wait
+while its ring is quiet. The daemon samples its own CPU time and RSS into
+`daemon_stats` (selfstats.py). SIGTERM or SIGINT stops accepting, reads what
 clients already sent, flushes and closes the database, and exits 0. A probe
 that cannot run here is reported with its reason and the daemon runs on.
 """
@@ -23,6 +27,7 @@ from stallscope.service.coverage import Coverage
 from stallscope.service.deep import DeepWindows
 from stallscope.service.ingest import Ingest
 from stallscope.service.retention import Retention
+from stallscope.service.selfstats import SelfStats
 from stallscope.service.store import DB_UMASK, Store
 
 log = logging.getLogger("stallscope.daemon")
@@ -37,6 +42,15 @@ LIVE_DECODE_INTERVAL_S = 0.02
 # a moment: clients then see full sockets and count drops, and the daemon's
 # memory stays bounded instead of growing with a backlog.
 MAX_PENDING_ROWS = 250_000
+# Records read but not yet decoded beyond which decoding does not wait for
+# the interval: the raw bytes were outside the bound above, and under a flood
+# ~10 selector rounds (1.3 M records, ~500 MB once decoded and queued) used to
+# pile up between two decodes.
+DECODE_BATCH_RECORDS = 65_536
+# With nothing arriving, the loop wakes this often (watchdog, deep windows,
+# SIGHUP, self statistics) instead of every 50 ms.
+IDLE_TICK_S = 0.5
+TICK_S = 0.1
 # Kernel-cause probes (docs/kernel-causes.md), started after sched and gpu;
 # `kernel_causes = none` leaves them off.
 KERNEL_CAUSE_PROBES = ("page_faults", "irq", "steal", "syscalls")
@@ -101,6 +115,7 @@ class Daemon:
         self.store = Store(db_path, flush_interval_s=flush_interval_s)
         self.sink = StoreSink(self.store)
         self.coverage = Coverage(self.store)
+        self.selfstats = SelfStats(self.store)
         self.probes = []
         self.extra_pids = set(pids)
         # The CLI passes stopping.STOP, set by SIGTERM from the first moment.
@@ -289,18 +304,29 @@ class Daemon:
         )
         if self.notify:
             self.notify.ready(self)
-        next_decode = time.monotonic() + DECODE_INTERVAL_S
+        last_decode = last_tick = time.monotonic()
         while not self._stop.is_set():
             if self.store.pending_rows > MAX_PENDING_ROWS:
                 self._stop.wait(0.01)
                 continue
-            self.ingest.poll(max(0.0, min(0.05, next_decode - time.monotonic())))
+            live = self.api is not None and self.api.live_subscribers() > 0
+            interval = LIVE_DECODE_INTERVAL_S if live else DECODE_INTERVAL_S
             now = time.monotonic()
-            if now >= next_decode:
+            if self.ingest.has_pending():
+                due = min(last_decode + interval, last_tick + TICK_S)
+            else:
+                due = last_tick + IDLE_TICK_S
+            self.ingest.poll(min(IDLE_TICK_S, max(0.0, due - now)))
+            now = time.monotonic()
+            if self.ingest.undecoded >= DECODE_BATCH_RECORDS or (
+                now >= last_decode + interval and self.ingest.has_pending()
+            ):
                 self.ingest.decode_pending()
-                live = self.api is not None and self.api.live_subscribers() > 0
-                next_decode = now + (LIVE_DECODE_INTERVAL_S if live else DECODE_INTERVAL_S)
+                last_decode = now
+            if now >= last_tick + TICK_S:
+                last_tick = now
                 self.deep.tick()
+                self.selfstats.tick(self.tracked_pids)
                 if self._reload.is_set():
                     self._reload.clear()
                     config_reload.apply(self)

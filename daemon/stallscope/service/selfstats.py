@@ -1,0 +1,131 @@
+"""The daemon's own footprint: CPU time, resident memory, and CPU placement.
+
+`cpu_seconds()` and `rss_bytes()` read this process's counters (every
+thread, as the kernel accounts them). `SelfStats.tick()` is called from the
+daemon's main loop and writes a `daemon_stats` row every `INTERVAL_S` and
+whenever the set of traced processes changes; each row says whether the
+daemon may run on a CPU that a traced process may run on too, because then
+the tracer can preempt the engine it measures (attribution names it as the
+preemptor like any other task). It only reads /proc and sched_getaffinity;
+it never changes the placement itself.
+"""
+
+import logging
+import os
+import time
+
+log = logging.getLogger("stallscope.selfstats")
+
+INTERVAL_S = 10.0
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+ADVICE = (
+    "pin the daemon away from the engine (systemd: CPUAffinity= on CPUs the "
+    "engine does not use; or Nice=10 and CPUWeight=20): see docs/footprint.md"
+)
+
+
+def cpu_seconds():
+    """CPU time this process has used so far (user + system, every thread), s."""
+    t = os.times()
+    return t.user + t.system
+
+
+def rss_bytes():
+    """Resident memory of this process now, bytes."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * _PAGE
+
+
+def peak_rss_bytes():
+    """The highest resident memory of this process so far (VmHWM), bytes."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def cpu_list(cpus):
+    """'0-3,6' for {0, 1, 2, 3, 6}."""
+    out, run = [], []
+    for c in sorted(cpus):
+        if run and c == run[-1] + 1:
+            run.append(c)
+            continue
+        if run:
+            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+        run = [c]
+    if run:
+        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+    return ",".join(out)
+
+
+def shared_cpus(pids, own=None):
+    """{pid: CPUs it shares with this process} for each pid in `pids` allowed
+    on a CPU this process is allowed on (a gone pid is left out)."""
+    own = set(os.sched_getaffinity(0) if own is None else own)
+    out = {}
+    for pid in pids:
+        try:
+            common = own & set(os.sched_getaffinity(pid))
+        except OSError:
+            continue
+        if common:
+            out[pid] = common
+    return out
+
+
+class SelfStats:
+    """Samples the daemon into `daemon_stats` (store.append)."""
+
+    def __init__(self, store, interval_s=INTERVAL_S):
+        self.store = store
+        self.interval_s = interval_s
+        self._last_s = time.monotonic()
+        self._last_cpu_s = cpu_seconds()
+        self._pids = frozenset()
+        self._warned = set()
+        self.last = None  # the latest row, as a dict
+
+    def tick(self, tracked_pids, now_s=None):
+        """Write a row when it is due or the traced processes changed."""
+        now_s = time.monotonic() if now_s is None else now_s
+        pids = frozenset(tracked_pids)
+        if pids == self._pids and now_s - self._last_s < self.interval_s:
+            return None
+        self._pids = pids
+        return self.sample(now_s)
+
+    def sample(self, now_s=None):
+        now_s = time.monotonic() if now_s is None else now_s
+        cpu_s = cpu_seconds()
+        span_s = max(now_s - self._last_s, 1e-9)
+        pct = 100.0 * (cpu_s - self._last_cpu_s) / span_s
+        self._last_s, self._last_cpu_s = now_s, cpu_s
+        own = os.sched_getaffinity(0)
+        shared = shared_cpus(self._pids, own)
+        warning = None
+        if shared:
+            where = cpu_list(set().union(*shared.values()))
+            warning = (
+                f"the daemon may run on CPUs {where} with traced pid(s) "
+                f"{', '.join(str(p) for p in sorted(shared))}: it can preempt them; {ADVICE}"
+            )
+            new = set(shared) - self._warned
+            if new:
+                log.warning("%s", warning)
+                self._warned |= new
+        row = {
+            "ts_ns": int(now_s * 1e9),
+            "pid": os.getpid(),
+            "cpu_ns": int(cpu_s * 1e9),
+            "cpu_pct": pct,
+            "rss_bytes": rss_bytes(),
+            "peak_rss_bytes": peak_rss_bytes(),
+            "cpus": cpu_list(own),
+            "shared_pids": sorted(shared),
+            "warning": warning,
+        }
+        self.last = row
+        self.store.append("daemon_stats", {k: [v] for k, v in row.items()})
+        return row
