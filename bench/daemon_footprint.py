@@ -105,6 +105,22 @@ def proc_cpu_s(pid):
     return (int(fields[11]) + int(fields[12])) / HZ
 
 
+def thread_cpu_s(pid):
+    """{comm: CPU seconds} summed over the threads of `pid` by kernel name
+    (the new daemon names its threads 'stallscope/...')."""
+    out = collections.Counter()
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                text = f.read()
+        except OSError:
+            continue
+        comm = text[text.index("(") + 1 : text.rindex(")")]
+        fields = text.rsplit(")", 1)[1].split()
+        out[comm] += (int(fields[11]) + int(fields[12])) / HZ
+    return out
+
+
 def proc_status_kb(pid, key):
     with open(f"/proc/{pid}/status") as f:
         for line in f:
@@ -199,7 +215,7 @@ def measure(tree, mode, seconds, warmup_s, profile_to=None):
     try:
         loads = start_load(mode, d, seconds + warmup_s)
         time.sleep(warmup_s)
-        cpu0, t0 = proc_cpu_s(d.pid), time.monotonic()
+        cpu0, t0, th0 = proc_cpu_s(d.pid), time.monotonic(), thread_cpu_s(d.pid)
         spy = None
         if profile_to is not None:
             spy = subprocess.Popen(
@@ -210,7 +226,7 @@ def measure(tree, mode, seconds, warmup_s, profile_to=None):
                 stderr=subprocess.DEVNULL,
             )
         time.sleep(seconds)
-        cpu1, t1 = proc_cpu_s(d.pid), time.monotonic()
+        cpu1, t1, th1 = proc_cpu_s(d.pid), time.monotonic(), thread_cpu_s(d.pid)
         sent = 0
         for p in loads:
             out, _ = p.communicate(timeout=seconds + 120)
@@ -222,6 +238,11 @@ def measure(tree, mode, seconds, warmup_s, profile_to=None):
         hwm_mb = proc_status_kb(d.pid, "VmHWM") / 1024
         d.stop()
         out = {"cpu_pct": 100 * (cpu1 - cpu0) / (t1 - t0), "peak_rss_mb": hwm_mb}
+        out["threads"] = {
+            k: round(100 * (th1[k] - th0.get(k, 0)) / (t1 - t0), 2)
+            for k in sorted(th1)
+            if th1[k] > th0.get(k, 0)
+        }
         if mode == "flood":
             out["sent"] = sent
             out["stored"] = d.count("SELECT count(*) FROM spans")

@@ -7,11 +7,13 @@ whenever the set of traced processes changes; each row says whether the
 daemon may run on a CPU that a traced process may run on too, because then
 the tracer can preempt the engine it measures (attribution names it as the
 preemptor like any other task). It only reads /proc and sched_getaffinity;
-it never changes the placement itself.
+it never changes the placement itself. It also gives the daemon's threads
+kernel names ('stallscope/...') so that a preemption by the tracer names it.
 """
 
 import logging
 import os
+import threading
 import time
 
 log = logging.getLogger("stallscope.selfstats")
@@ -43,6 +45,33 @@ def peak_rss_bytes():
             if line.startswith("VmHWM:"):
                 return int(line.split()[1]) * 1024
     return 0
+
+
+def thread_comm(name):
+    """The kernel name (comm, 15 bytes) for a daemon thread called `name`:
+    'stallscope/' and the first letters of what it does, so that top -H,
+    perf and the offcpu preemptor columns say the tracer took the CPU."""
+    short = name.removeprefix("stallscope-").replace("_", "")
+    return ("stallscope/" + short)[:15]
+
+
+def name_threads(names_done=None):
+    """Give every running Python thread of this process its kernel name
+    (/proc/self/task/TID/comm; the main thread keeps 'stallscope');
+    returns the native ids named."""
+    done = set() if names_done is None else names_done
+    for t in threading.enumerate():
+        tid = t.native_id
+        if tid is None or tid in done:
+            continue
+        comm = "stallscope" if t is threading.main_thread() else thread_comm(t.name)
+        try:
+            with open(f"/proc/self/task/{tid}/comm", "w") as f:
+                f.write(comm)
+        except OSError:
+            pass  # gone already, or procfs read-only: only a name is lost
+        done.add(tid)
+    return done
 
 
 def cpu_list(cpus):
@@ -85,6 +114,7 @@ class SelfStats:
         self._last_cpu_s = cpu_seconds()
         self._pids = frozenset()
         self._warned = set()
+        self._named = set()
         self.last = None  # the latest row, as a dict
 
     def tick(self, tracked_pids, now_s=None):
@@ -98,6 +128,7 @@ class SelfStats:
 
     def sample(self, now_s=None):
         now_s = time.monotonic() if now_s is None else now_s
+        name_threads(self._named)
         cpu_s = cpu_seconds()
         span_s = max(now_s - self._last_s, 1e-9)
         pct = 100.0 * (cpu_s - self._last_cpu_s) / span_s
