@@ -149,12 +149,15 @@ class Ingest(RunRegistry, RecordDecoder):
 
     # ----- event loop ----------------------------------------------------------
     def poll(self, timeout):
-        """Serve sockets for up to `timeout` seconds (one selector round)."""
+        """Serve sockets for up to `timeout` seconds (one selector round);
+        returns the number of datagrams read."""
+        before = self.datagrams
         for key, _ in self.selector.select(timeout):
             if key.data is None:
                 self._accept(ACCEPTS_PER_ROUND)
             else:
                 self._read(key.data)
+        return self.datagrams - before
 
     def _accept(self, limit=None):
         # Bounded per round like reads: a flood of new connections waits in
@@ -212,10 +215,6 @@ class Ingest(RunRegistry, RecordDecoder):
             self._read(conn)
 
     # ----- datagrams -------------------------------------------------------------
-    def has_pending(self):
-        """Whether anything arrived that decode_pending has not handled yet."""
-        return self._changes != self._changes_decoded
-
     def _datagram(self, conn, data):
         self.datagrams += 1
         self._changes += 1

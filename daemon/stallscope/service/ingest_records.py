@@ -109,6 +109,11 @@ class RecordDecoder:
         self.lost_records += count
         self._losses.append((run.run_id, start_ns, end_ns, count, reason))
 
+    def has_pending(self):
+        """Whether anything arrived (records, runs, closes, rejections) that
+        decode_pending has not handled yet."""
+        return self._changes != self._changes_decoded
+
     def progress_statements(self):
         """The store's flush hook: one UPDATE of `runs` progress (last_seq,
         records) for every run that moved since the last flush, not one per

@@ -52,6 +52,8 @@ DECODE_BATCH_RECORDS = 65_536
 # With nothing arriving, the loop wakes this often (watchdog, deep windows,
 # SIGHUP, self statistics) instead of every 50 ms.
 IDLE_TICK_S = 0.5
+LIGHT_ROUND_DATAGRAMS = 8
+LIGHT_ROUND_GAP_S = 0.05
 TICK_S = 0.1
 # Kernel-cause probes (docs/kernel-causes.md), started after sched and gpu;
 # `kernel_causes = none` leaves them off.
@@ -319,7 +321,12 @@ class Daemon:
                 due = min(last_decode + interval, last_tick + TICK_S)
             else:
                 due = last_tick + IDLE_TICK_S
-            self.ingest.poll(min(IDLE_TICK_S, max(0.0, due - now)))
+            read = self.ingest.poll(min(IDLE_TICK_S, max(0.0, due - now)))
+            if 0 < read < LIGHT_ROUND_DATAGRAMS and not live:
+                # Light traffic (a client sends every 20 ms): let a few
+                # datagrams gather instead of waking for each; heavy traffic
+                # is read round after round (the queue holds 128 datagrams).
+                self._stop.wait(LIGHT_ROUND_GAP_S)
             now = time.monotonic()
             if self.ingest.undecoded >= DECODE_BATCH_RECORDS or (
                 now >= last_decode + interval and self.ingest.has_pending()
