@@ -213,6 +213,7 @@ def measure(tree, mode, seconds, warmup_s, profile_to=None):
     args = ["--sched-backend", "none"] if mode == "flood" else []
     d = Daemon(tree, args)
     try:
+        hwm_start_mb = proc_status_kb(d.pid, "VmHWM") / 1024
         loads = start_load(mode, d, seconds + warmup_s)
         time.sleep(warmup_s)
         cpu0, t0, th0 = proc_cpu_s(d.pid), time.monotonic(), thread_cpu_s(d.pid)
@@ -225,7 +226,10 @@ def measure(tree, mode, seconds, warmup_s, profile_to=None):
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
             )
-        time.sleep(seconds)
+        rss_max_mb, end = 0.0, time.monotonic() + seconds
+        while time.monotonic() < end:
+            rss_max_mb = max(rss_max_mb, proc_status_kb(d.pid, "VmRSS") / 1024)
+            time.sleep(0.25)
         cpu1, t1, th1 = proc_cpu_s(d.pid), time.monotonic(), thread_cpu_s(d.pid)
         sent = 0
         for p in loads:
@@ -238,6 +242,8 @@ def measure(tree, mode, seconds, warmup_s, profile_to=None):
         hwm_mb = proc_status_kb(d.pid, "VmHWM") / 1024
         d.stop()
         out = {"cpu_pct": 100 * (cpu1 - cpu0) / (t1 - t0), "peak_rss_mb": hwm_mb}
+        out["start_peak_rss_mb"] = hwm_start_mb  # start-up (bcc compiles) before any load
+        out["window_max_rss_mb"] = rss_max_mb  # VmRSS sampled every 0.25 s
         out["threads"] = {
             k: round(100 * (th1[k] - th0.get(k, 0)) / (t1 - t0), 2)
             for k in sorted(th1)
