@@ -56,20 +56,41 @@ def thread_comm(name):
 
 
 def name_threads(names_done=None):
-    """Give every running Python thread of this process its kernel name
-    (/proc/self/task/TID/comm; the main thread keeps 'stallscope');
-    returns the native ids named."""
+    """Give the threads of this process kernel names (/proc/self/task/TID/comm):
+    the main thread 'stallscope', Python threads 'stallscope/<what>', and
+    native threads still carrying the interpreter's name (DuckDB's workers)
+    'stallscope/db'; threads named by their library (gRPC) keep their name.
+    Returns the thread ids handled."""
     done = set() if names_done is None else names_done
-    for t in threading.enumerate():
-        tid = t.native_id
-        if tid is None or tid in done:
+    main = threading.main_thread()
+    python = {t.native_id: t for t in threading.enumerate() if t.native_id is not None}
+    try:
+        with open(f"/proc/self/task/{main.native_id}/comm") as f:
+            inherited = {f.read().strip(), "stallscope"}
+        tids = [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:
+        return done
+    for tid in tids:
+        if tid in done:
             continue
-        comm = "stallscope" if t is threading.main_thread() else thread_comm(t.name)
-        try:
-            with open(f"/proc/self/task/{tid}/comm", "w") as f:
-                f.write(comm)
-        except OSError:
-            pass  # gone already, or procfs read-only: only a name is lost
+        t = python.get(tid)
+        if t is main:
+            comm = "stallscope"
+        elif t is not None:
+            comm = thread_comm(t.name)
+        else:
+            try:
+                with open(f"/proc/self/task/{tid}/comm") as f:
+                    current = f.read().strip()
+            except OSError:
+                continue
+            comm = "stallscope/db" if current in inherited else None
+        if comm is not None:
+            try:
+                with open(f"/proc/self/task/{tid}/comm", "w") as f:
+                    f.write(comm)
+            except OSError:
+                pass  # gone already, or procfs read-only: only a name is lost
         done.add(tid)
     return done
 
