@@ -162,6 +162,34 @@ def test_writer_flushes_early_when_rows_pile_up(tmp_path):
         s.close()
 
 
+def test_batches_typed_differently_by_two_producers_share_a_flush(tmp_path):
+    """With a flush a second, batches of one table from two producers meet in
+    one flush (the USDT GC probe types `generation` int64, ingest int8; comm
+    columns come dictionary-encoded or plain): all of them are written."""
+    import numpy as np
+    import pyarrow as pa
+
+    s = store.Store(str(tmp_path / "m.duckdb"), flush_interval_s=3600)
+    s.append(
+        "gc_events",
+        {"run_id": [1], "generation": np.array([2], np.int8), "start_ns": [1], "end_ns": [2]},
+    )
+    s.append(
+        "gc_events",
+        {"run_id": [1], "generation": np.array([1], np.int64), "start_ns": [3], "end_ns": [4]},
+    )
+    s.append("probe_status", {"ts_ns": [1], "probe": pa.array(["a"]).dictionary_encode()})
+    s.append("probe_status", {"ts_ns": [2], "probe": ["b"]})
+    try:
+        assert s.flush() == 4
+        cur = s.cursor()
+        assert cur.execute("SELECT generation FROM gc_events ORDER BY 1").fetchall() == [(1,), (2,)]
+        assert cur.execute("SELECT count(*) FROM probe_status").fetchone()[0] >= 2
+        cur.close()
+    finally:
+        s.close()
+
+
 # ----- bounded memory ---------------------------------------------------------------------
 
 

@@ -200,9 +200,18 @@ class Fanout:
     def dropped_total(self):
         return self.dropped_closed + sum(s.dropped_total for s in self._subscribers)
 
-    def refresh_runs(self, force=False):
-        """Re-read run -> pid from ingest (at most every 50 ms unless forced)."""
+    def refresh_runs(self, force=False, items=()):
+        """Re-read run -> pid from ingest (at most every 50 ms unless forced,
+        or unless a batch in `items` names a run not known yet: a run's first
+        records can be decoded within 50 ms of its HELLO)."""
         now = time.monotonic()
+        if not force and items:
+            force = any(
+                r not in self.runs
+                for _, batch in items
+                if "run_id" in batch.column_names
+                for r in pc.unique(batch["run_id"]).to_pylist()
+            )
         if force or now - self._runs_checked > 0.05:
             self._runs_checked = now
             try:

@@ -107,7 +107,7 @@ class StallscopeServicer(pb_grpc.StallscopeServicer):
                             )
                         )
                     )
-                runs = self.fanout.refresh_runs() if (needs_runs or items) else {}
+                runs = self.fanout.refresh_runs(items=items) if (needs_runs or items) else {}
                 for kind, batch in items:
                     chosen = flt.apply(kind, batch, runs)
                     if chosen.num_rows:

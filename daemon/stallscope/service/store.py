@@ -67,6 +67,27 @@ def _as_arrow(columns):
     return pa.Table.from_arrays(arrays, names=names)
 
 
+def _concat(batches):
+    """One table from a flush's batches of one table. Batches from different
+    producers may type a column differently (int8 vs int64, a dictionary vs
+    plain strings): they are promoted to a common type, and the INSERT casts
+    to the column's own type."""
+    if len(batches) == 1:
+        return batches[0]
+    try:
+        return pa.concat_tables(batches, promote_options="permissive")
+    except (pa.ArrowTypeError, pa.ArrowInvalid):
+        plain = [_undictionary(b) for b in batches]
+        return pa.concat_tables(plain, promote_options="permissive")
+
+
+def _undictionary(table):
+    for i, field in enumerate(table.schema):
+        if pa.types.is_dictionary(field.type):
+            table = table.set_column(i, field.name, table.column(i).cast(field.type.value_type))
+    return table
+
+
 # Traces hold every traced process's argv and timings: the database and its
 # WAL are for the daemon and its group only (the unit runs the daemon as
 # group `stallscope`, so that is the group readers join). DuckDB creates both
@@ -252,10 +273,18 @@ class Store(Recovery):
             if not tables and not statements:
                 return 0
             queued = sum(b.num_rows for bs in tables.values() for b in bs)
-            merged = {
-                t: (pa.concat_tables(bs, promote_options="default") if len(bs) > 1 else bs[0])
-                for t, bs in tables.items()
-            }
+            merged = {}
+            for t, bs in tables.items():
+                try:
+                    merged[t] = _concat(bs)
+                except (pa.ArrowTypeError, pa.ArrowInvalid) as exc:
+                    # Producers disagree on a column's type beyond what a
+                    # cast unifies: those rows are lost, the rest is written.
+                    n = sum(b.num_rows for b in bs)
+                    log.error("%d rows for %s could not be merged: %s", n, t, exc)
+                    now = time.monotonic_ns()
+                    reason = f"store_merge_failed({t}): {exc}"[:500]
+                    statements.append((LOSS_SQL, [None, "store", now, now, n, reason]))
             self._kept = None  # set by _retain when this flush keeps rows back
             cur = self._open_cursor()
             if cur is None:
