@@ -33,7 +33,7 @@ from stallscope.service.store import DB_UMASK, Store
 log = logging.getLogger("stallscope.daemon")
 
 # Without live subscribers nothing waits for a decode but the database, which
-# the writer flushes every second (and a reader's cursor() flushes first).
+# the writer flushes every 0.5 s (and a reader's cursor() flushes first).
 DECODE_INTERVAL_S = 0.25
 # While someone watches the live stream, decode more often: the probe sends
 # every 20 ms, and at 100 ms the decode cadence alone set the stream's p99
@@ -103,7 +103,7 @@ class Daemon:
         gpu_backend=None,
         settings=None,
         allowed_uids=None,
-        flush_interval_s=1.0,
+        flush_interval_s=0.5,
         notify=None,
         api_options=None,
         config_source=None,

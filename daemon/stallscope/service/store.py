@@ -3,7 +3,7 @@
 Producers (ingest, kernel and GPU probes) hand over whole column batches with
 `append()`; a writer thread inserts everything queued, in one transaction,
 as Arrow tables, never row by row, when the oldest queued batch is
-`flush_interval_s` old (default 1 s) or `flush_rows` rows are queued,
+`flush_interval_s` old (default 0.5 s) or `flush_rows` rows are queued,
 whichever comes first, and sleeps while nothing is queued: each INSERT costs
 ~1 ms of CPU whatever its size, so the cost follows the data, not a clock.
 A reader that asks for a cursor (`cursor()`: the gRPC Query, status) first
@@ -111,7 +111,7 @@ class Store(Recovery):
     """The daemon's one writable connection to the database file."""
 
     def __init__(
-        self, path, flush_interval_s=1.0, memory_limit="128MB", sandbox=True, flush_rows=50_000
+        self, path, flush_interval_s=0.5, memory_limit="128MB", sandbox=True, flush_rows=50_000
     ):
         self.path = str(path)
         parent = os.path.dirname(os.path.abspath(self.path))
