@@ -114,6 +114,11 @@ def test_cadence_stretches_while_quiet_and_snaps_back_when_busy():
     assert [c.next(10) for _ in range(6)][-1] == 0.2  # a trickle: up to busy_max_s
     assert c.next(0) == 0.4 and c.next(0) == 0.5
     assert c.next(1000) == 0.02
+    bpf_common.LIVE.set()  # someone watches the live stream: full rate
+    try:
+        assert c.next(0) == 0.02
+    finally:
+        bpf_common.LIVE.clear()
 
 
 def test_idle_daemon_wakes_a_few_times_a_second(tmp_path):

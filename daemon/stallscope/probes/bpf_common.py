@@ -15,6 +15,7 @@ slice per drain, never a Python call per event). Nothing here reads a
 import mmap
 import os
 import struct
+import threading
 
 import numpy as np
 
@@ -184,6 +185,11 @@ class Counters:
 # ----- reader cadence ------------------------------------------------------------
 
 
+# Set by the daemon while someone watches the live stream (alerts hold a
+# step 250 ms for its off-CPU rows): readers then read at full rate.
+LIVE = threading.Event()
+
+
 class Cadence:
     """How long a ring reader waits before its next read, from what the last
     read found: `poll_s` while reads come back with `batch_records` or more
@@ -203,7 +209,7 @@ class Cadence:
 
     def next(self, records):
         """The wait before the next read, after a read of `records`."""
-        if records >= self.batch_records:
+        if records >= self.batch_records or LIVE.is_set():
             self.wait_s = self.poll_s
         elif records:
             self.wait_s = min(self.wait_s * 2, self.busy_max_s)

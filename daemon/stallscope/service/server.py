@@ -20,6 +20,7 @@ import threading
 import time
 
 from stallscope import probes as probe_registry
+from stallscope.probes import bpf_common
 from stallscope.probes.base import ProbeSettings, Sink
 from stallscope.service import endpoint
 from stallscope.service import reload as config_reload
@@ -315,6 +316,8 @@ class Daemon:
                 self._stop.wait(0.01)
                 continue
             live = self.api is not None and self.api.live_subscribers() > 0
+            if live != bpf_common.LIVE.is_set():
+                bpf_common.LIVE.set() if live else bpf_common.LIVE.clear()
             interval = LIVE_DECODE_INTERVAL_S if live else DECODE_INTERVAL_S
             now = time.monotonic()
             if self.ingest.has_pending():
