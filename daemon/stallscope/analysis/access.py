@@ -41,6 +41,13 @@ STATUS_QUERIES = (
         COVERAGE_STATUS_SQL,
     ),
     (
+        "Daemon footprint (latest sample; CPU % of one core since the previous one)",
+        "SELECT pid, round(cpu_pct, 2) AS cpu_pct, round(rss_bytes / 1e6, 1) AS rss_mb, "
+        "round(peak_rss_bytes / 1e6, 1) AS peak_rss_mb, cpus, "
+        "coalesce(warning, 'no traced process shares its CPUs') AS placement "
+        "FROM daemon_stats ORDER BY ts_ns DESC LIMIT 1",
+    ),
+    (
         "Rejected input",
         "SELECT reason, sum(count) AS count FROM ingest_errors GROUP BY ALL ORDER BY count DESC",
     ),

@@ -4,7 +4,8 @@ Each such probe is one bcc program (`source`, with its layout header) whose
 tracepoints filter in the kernel on a `tracked` tgid map, write records to
 one ring buffer (`events`) and count losses in a `struct counters`. This
 class compiles it, takes the record dtype from the compiled program, reads
-the ring on a timer in batches, hands batches to `_emit`, turns counter
+the ring in batches on a timer that stretches while the ring is quiet
+(`bpf_common.Cadence`), hands batches to `_emit`, turns counter
 increases into `losses` rows, and keeps `tracked` in step with track() and
 untrack(). A probe whose program aggregates in a hash map (`aggs`) gets its
 idle entries swept here too. A probe may be detachable (`attached`): its
@@ -215,9 +216,12 @@ class BccTracepointProbe(Probe):
 
     def _reader(self):
         t_cpu = time.thread_time_ns()
-        while not self._stop.wait(self.poll_s):
+        cadence = bpf_common.Cadence(self.poll_s)
+        wait_s = self.poll_s
+        while not self._stop.wait(wait_s):
             try:
-                self.drain()
+                # A detached probe's ring stays empty: read it rarely.
+                wait_s = cadence.next(self.drain())
             except Exception:  # a failing sink must not kill the reader
                 log.exception("%s probe: reader error", self.name)
             now_cpu = time.thread_time_ns()

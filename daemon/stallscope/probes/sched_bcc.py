@@ -99,7 +99,7 @@ class BccSchedProbe(Probe):
         self._records = 0
         self._rows = {"offcpu": 0, "runq": 0, "migrations": 0}
         self._lost_seen = dict.fromkeys(LOSS_REASONS, 0)
-        self._lost_since_ns = time.monotonic_ns()
+        self._lost_since_ns = self._recursion_since_ns = time.monotonic_ns()
         self._reader_cpu_ns = 0
         self._drains = 0
         self._started_ns = 0
@@ -154,7 +154,7 @@ class BccSchedProbe(Probe):
             raise
         self._sink = sink
         self._started_ns = time.monotonic_ns()
-        self._lost_since_ns = self._started_ns
+        self._lost_since_ns = self._recursion_since_ns = self._started_ns
         for pid in list(self._tracked):
             self._load_tracked(pid)
         self._stop.clear()
@@ -260,11 +260,17 @@ class BccSchedProbe(Probe):
 
     def _reader(self):
         t_cpu = time.thread_time_ns()
-        while not self._stop.wait(self.poll_s):
+        cadence = bpf_common.Cadence(self.poll_s)
+        wait_s = self.poll_s
+        while not self._stop.wait(wait_s):
             try:
-                self.drain()
-                self._check_losses()
-                if time.monotonic() - self._last_verify >= self.verify_s:
+                wait_s = cadence.next(self.drain())
+                # The kernel's per-program recursion counts are one fdinfo
+                # file per program (13): read with the /proc verification,
+                # not with every drain (that was a third of the reader's CPU).
+                slow = time.monotonic() - self._last_verify >= self.verify_s
+                self._check_losses(recursion=slow)
+                if slow:
                     self.verify()
             except Exception:  # a failing sink must not kill the reader
                 log.exception("sched probe: reader error")
@@ -336,20 +342,27 @@ class BccSchedProbe(Probe):
     def program_stats(self):
         return bpf_common.program_stats(self._bpf)
 
-    def _check_losses(self):
+    def _check_losses(self, recursion=True):
         if self._bpf is None:
             return
         now = time.monotonic_ns()
         counts = self._counters.read()
-        counts["recursion_misses"] = sum(
-            s.get("recursion_misses", 0) for s in self.program_stats().values()
-        )
+        if recursion:
+            counts["recursion_misses"] = sum(
+                s.get("recursion_misses", 0) for s in self.program_stats().values()
+            )
+        else:
+            counts["recursion_misses"] = self._lost_seen["recursion_misses"]
         for key, reason in LOSS_REASONS.items():
             delta = counts[key] - self._lost_seen[key]
             if delta > 0:
-                self._sink.loss("sched", self._lost_since_ns, now, int(delta), reason)
+                since = self._recursion_since_ns if key == "recursion_misses" else None
+                since = self._lost_since_ns if since is None else since
+                self._sink.loss("sched", since, now, int(delta), reason)
                 self._lost_seen[key] = counts[key]
         self._lost_since_ns = now
+        if recursion:
+            self._recursion_since_ns = now
 
     def verify(self):
         """Compare per-thread switch-out counts seen in BPF with the kernel's.

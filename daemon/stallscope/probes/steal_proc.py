@@ -1,6 +1,7 @@
 """Steal probe (/proc/stat): hypervisor steal time per CPU and interval.
 
-Reads the per-CPU `steal` column of /proc/stat every `steal_poll_ms` and
+Reads the per-CPU `steal` column of /proc/stat every `steal_poll_ms` (up to
+`IDLE_MAX_S` apart while nothing is stolen) and
 writes one `steal` row per CPU whose counter moved: [previous read, this
 read] and the steal inside it in ns. The kernel keeps steal in ns from the
 hypervisor's steal clock (CONFIG_PARAVIRT_TIME_ACCOUNTING) but /proc/stat
@@ -22,6 +23,9 @@ from stallscope.probes.base import Probe
 log = logging.getLogger("stallscope.probes.steal_proc")
 
 STEAL_FIELD = 8  # cpuN user nice system idle iowait irq softirq steal ...
+# The longest wait between reads while nothing is stolen: 4 default periods,
+# so the first row after a quiet stretch spans at most 0.4 s.
+IDLE_MAX_S = 0.4
 
 
 def read_steal_ticks(proc_root="/proc"):
@@ -77,11 +81,17 @@ class ProcStealProbe(Probe):
         self._thread.start()
 
     def _run(self):
-        while not self._stop.wait(self.poll_s):
+        # While no CPU is stolen from, the wait doubles up to IDLE_MAX_S (the
+        # row that ends a quiet stretch then starts where it began, with the
+        # same total); any steal brings it back to steal_poll_ms.
+        wait_s = self.poll_s
+        while not self._stop.wait(wait_s):
             try:
-                self.sample()
+                rows = self.sample()
             except Exception:
                 log.exception("steal probe: sampling failed")
+                rows = 0
+            wait_s = self.poll_s if rows else min(wait_s * 2, max(IDLE_MAX_S, self.poll_s))
 
     def sample(self, now_ns=None):
         """Read /proc/stat once; write the steal since the previous read."""

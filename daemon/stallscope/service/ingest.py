@@ -23,6 +23,7 @@ from probe_client import wire
 from stallscope.errors import ConfigError, ServiceError
 from stallscope.service.ingest_records import RecordDecoder
 from stallscope.service.ingest_runs import RunRegistry
+from stallscope.service.ratelog import RateLimitedLog
 from stallscope.service.sockets import bind_listening, prepare_path
 
 log = logging.getLogger("stallscope.ingest")
@@ -97,13 +98,18 @@ class Ingest(RunRegistry, RecordDecoder):
         self.rejections = Counter()
         self._pending_rejections = Counter()  # (run_id, pid, reason) -> n
         self._losses = []  # (run_id, start_ns, end_ns, count, reason) to append
-        self._conn_log_t0, self._conn_log_n, self._conn_log_skipped = 0.0, 0, 0
+        self._log_conn = RateLimitedLog(log, CONN_LOGS_PER_S, "connection messages").info
         self._new_runs = []  # runs rows to insert with the next decode
         self._run_changes = {}  # run_id -> [connections added, ended_ns or None]
         self.datagrams = 0
         self.records_received = 0
         self.lost_records = 0
         self._lock = threading.Lock()  # guards run state between loop and decode
+        self._progress = {}  # run_id -> (last_seq, records): progress_statements
+        self._progress_lock = threading.Lock()
+        self.undecoded = 0  # records read and queued for decode_pending
+        self._changes = 0  # datagrams, closes and rejections so far
+        self._changes_decoded = 0  # ... as of the latest decode_pending
         self._next_run_id = self._max_run_id() + 1
         self._db_pids = self._pids_with_runs()  # pids a run could be resumed for
         self.listener = self._open_listener(socket_path, listen_fd, socket_group)
@@ -112,6 +118,7 @@ class Ingest(RunRegistry, RecordDecoder):
             # removing it at exit would break the next socket activation.
             self.socket_path = None
         self.selector.register(self.listener, selectors.EVENT_READ, None)
+        store.add_flush_hook(self.progress_statements)
 
     # ----- set-up ------------------------------------------------------------
     def _max_run_id(self):
@@ -149,12 +156,15 @@ class Ingest(RunRegistry, RecordDecoder):
 
     # ----- event loop ----------------------------------------------------------
     def poll(self, timeout):
-        """Serve sockets for up to `timeout` seconds (one selector round)."""
+        """Serve sockets for up to `timeout` seconds (one selector round);
+        returns the number of datagrams read."""
+        before = self.datagrams
         for key, _ in self.selector.select(timeout):
             if key.data is None:
                 self._accept(ACCEPTS_PER_ROUND)
             else:
                 self._read(key.data)
+        return self.datagrams - before
 
     def _accept(self, limit=None):
         # Bounded per round like reads: a flood of new connections waits in
@@ -214,6 +224,7 @@ class Ingest(RunRegistry, RecordDecoder):
     # ----- datagrams -------------------------------------------------------------
     def _datagram(self, conn, data):
         self.datagrams += 1
+        self._changes += 1
         run = conn.run
         run_id = run.run_id if run else None
         if len(data) < wire.HEADER_SIZE:
@@ -317,6 +328,7 @@ class Ingest(RunRegistry, RecordDecoder):
                 run.counts.append(count)
                 run.expected_seq = first_seq + n_seq
                 self.records_received += n_seq
+                self.undecoded += n_seq
         return None
 
     def _gc_ring_counter(self, run, data, types):
@@ -327,6 +339,7 @@ class Ingest(RunRegistry, RecordDecoder):
         run.drops_gc_ring = max(run.drops_gc_ring, min(total, SEQ_LIMIT))
 
     def _reject(self, run_id, pid, reason, n=1):
+        self._changes += 1
         self.rejections[reason] += n
         self._pending_rejections[(run_id, pid, reason)] += n
         if self.rejections[reason] == n or self.rejections[reason] % 10000 == 0:
@@ -343,6 +356,7 @@ class Ingest(RunRegistry, RecordDecoder):
         run = conn.run
         if run is None:
             return
+        self._changes += 1
         with self._lock:
             run.connected = False
             change = self._run_changes.setdefault(run.run_id, [0, None])
@@ -351,22 +365,6 @@ class Ingest(RunRegistry, RecordDecoder):
         if not any(c.pid == conn.pid for c in self.conns.values()):
             self.on_untrack(conn.pid)
         self._log_conn("run %d: pid %d disconnected", run.run_id, conn.pid)
-
-    def _log_conn(self, fmt, *args):
-        """Connection logs, at most CONN_LOGS_PER_S a second (a flood of
-        short sessions would otherwise cost a log line each)."""
-        now = time.monotonic()
-        if now - self._conn_log_t0 >= 1.0:
-            if self._conn_log_skipped:
-                log.info(
-                    "%d connection messages not logged in the last second", self._conn_log_skipped
-                )
-            self._conn_log_t0, self._conn_log_n, self._conn_log_skipped = now, 0, 0
-        if self._conn_log_n < CONN_LOGS_PER_S:
-            self._conn_log_n += 1
-            log.info(fmt, *args)
-        else:
-            self._conn_log_skipped += 1
 
     # ----- shutdown ------------------------------------------------------------------
     def close(self):

@@ -204,7 +204,7 @@ class RunRegistry:
             # a query per HELLO would cost ~1 ms of the reader's time.
             return None
         try:
-            cur = self.store.cursor()
+            cur = self.store.cursor(fresh=False)  # under self._lock; the row is old
             try:
                 row = cur.execute(
                     "SELECT run_id, last_seq FROM runs WHERE client_token = ? "

@@ -1,9 +1,12 @@
 """The daemon process: wires ingest, probes, store and API together.
 
-One thread runs the probe socket (accept, read, decode every 100 ms, or as
-records arrive while a live stream is open); the
-store's writer thread commits batches every 200 ms; each kernel or GPU probe
-runs its own reader thread. SIGTERM or SIGINT stops accepting, reads what
+One thread runs the probe socket (accept, read, and decode within 250 ms of
+a datagram, as records arrive (at most every 5 ms) while someone watches the live stream, or as soon as `DECODE_BATCH_RECORDS` wait); it sleeps in the
+selector while nothing arrives, waking every `IDLE_TICK_S` for housekeeping.
+The store's writer thread commits batches by size and age (store.py); each
+kernel or GPU probe runs its own reader thread, which stretches its wait
+while its ring is quiet. The daemon samples its own CPU time and RSS into
+`daemon_stats` (selfstats.py). SIGTERM or SIGINT stops accepting, reads what
 clients already sent, flushes and closes the database, and exits 0. A probe
 that cannot run here is reported with its reason and the daemon runs on.
 """
@@ -18,6 +21,7 @@ import time
 
 from stallscope import probes as probe_registry
 from stallscope.errors import ConfigError
+from stallscope.probes import bpf_common
 from stallscope.probes.base import ProbeSettings, Sink
 from stallscope.service import endpoint
 from stallscope.service import reload as config_reload
@@ -26,24 +30,38 @@ from stallscope.service.deep import DeepWindows
 from stallscope.service.export import DaemonExports
 from stallscope.service.ingest import Ingest
 from stallscope.service.retention import Retention
+from stallscope.service.selfstats import SelfStats
 from stallscope.service.store import DB_UMASK, Store
 from stallscope.service.watch import PidWatcher
 
 log = logging.getLogger("stallscope.daemon")
 
-DECODE_INTERVAL_S = 0.1
+# Without live subscribers nothing waits for a decode but the database, which
+# the writer flushes every 0.5 s (and a reader's cursor() flushes first).
+DECODE_INTERVAL_S = 0.25
 # While someone watches the live stream, records are decoded as soon as
 # they arrive (the selector wakes the loop; nothing is polled), at most once
-# per LIVE_DECODE_MIN_S so a flood of small datagrams is coalesced (each
+# per LIVE_DECODE_INTERVAL_S so a flood of small datagrams is coalesced (each
 # decode has a fixed cost: with probes sending every 2 ms, a 2 ms floor cost
 # 63% of a core against 45% at 5 ms, for p50 3.9 vs 6.2 ms). A fixed 20 ms
 # cadence used to do this: it added up to 20 ms to every event and woke 50
 # times a second whether or not anything came (bench/results/api.md).
-LIVE_DECODE_MIN_S = 0.005
+LIVE_DECODE_INTERVAL_S = 0.005
 # Rows queued for the database beyond which ingest stops reading sockets for
 # a moment: clients then see full sockets and count drops, and the daemon's
 # memory stays bounded instead of growing with a backlog.
 MAX_PENDING_ROWS = 250_000
+# Records read but not yet decoded beyond which decoding does not wait for
+# the interval: the raw bytes were outside the bound above, and under a flood
+# ~10 selector rounds (1.3 M records, ~500 MB once decoded and queued) used to
+# pile up between two decodes.
+DECODE_BATCH_RECORDS = 65_536
+# With nothing arriving, the loop wakes this often (watchdog, deep windows,
+# SIGHUP, self statistics) instead of every 50 ms.
+IDLE_TICK_S = 0.5
+LIGHT_ROUND_DATAGRAMS = 8
+LIGHT_ROUND_GAP_S = 0.05
+TICK_S = 0.1
 # Kernel-cause probes (docs/kernel-causes.md), started after sched and gpu;
 # `kernel_causes = none` leaves them off.
 KERNEL_CAUSE_PROBES = ("page_faults", "irq", "steal", "syscalls")
@@ -92,7 +110,7 @@ class Daemon:
         gpu_backend=None,
         settings=None,
         allowed_uids=None,
-        flush_interval_s=0.2,
+        flush_interval_s=0.5,
         notify=None,
         api_options=None,
         config_source=None,
@@ -112,6 +130,7 @@ class Daemon:
         self.store = Store(db_path, flush_interval_s=flush_interval_s)
         self.sink = StoreSink(self.store)
         self.coverage = Coverage(self.store)
+        self.selfstats = SelfStats(self.store)
         self.probes = []
         self.extra_pids = set(pids)
         # The CLI passes stopping.STOP, set by SIGTERM from the first moment.
@@ -330,34 +349,40 @@ class Daemon:
             self.store.path,
             ", ".join(self.active_probes()) or "none",
         )
+        self.selfstats.sample()  # names the threads started so far; first row
         if self.notify:
             self.notify.ready(self)
-        next_decode = time.monotonic() + DECODE_INTERVAL_S
-        live_due = None  # when records that arrived for a live stream get decoded
-        last_live = 0.0
+        last_decode = last_tick = time.monotonic()
         while not self._stop.is_set():
             if self.store.pending_rows > MAX_PENDING_ROWS:
                 self._stop.wait(0.01)
                 continue
-            wake = next_decode if live_due is None else min(next_decode, live_due)
-            seen = self.ingest.datagrams
-            self.ingest.poll(max(0.0, min(0.05, wake - time.monotonic())))
+            live = self.api is not None and self.api.live_subscribers() > 0
+            if live != bpf_common.LIVE.is_set():
+                bpf_common.LIVE.set() if live else bpf_common.LIVE.clear()
+            interval = LIVE_DECODE_INTERVAL_S if live else DECODE_INTERVAL_S
             now = time.monotonic()
-            if (
-                self.ingest.datagrams != seen
-                and self.api is not None
-                and self.api.live_subscribers() > 0
+            if self.ingest.has_pending():
+                due = min(last_decode + interval, last_tick + TICK_S)
+            else:
+                due = last_tick + IDLE_TICK_S
+            read = self.ingest.poll(min(IDLE_TICK_S, max(0.0, due - now)))
+            if 0 < read < LIGHT_ROUND_DATAGRAMS and not live:
+                # Light traffic (a client sends every 20 ms): let a few
+                # datagrams gather instead of waking for each; heavy traffic
+                # is read round after round (the queue holds 128 datagrams).
+                self._stop.wait(LIGHT_ROUND_GAP_S)
+            now = time.monotonic()
+            if self.ingest.undecoded >= DECODE_BATCH_RECORDS or (
+                now >= last_decode + interval and self.ingest.has_pending()
             ):
-                live_due = live_due or max(now, last_live + LIVE_DECODE_MIN_S)
-            if live_due is not None and now >= live_due and now < next_decode:
-                self.ingest.decode_pending(write_runs=False)
-                live_due, last_live = None, now
-            if now >= next_decode:
                 self.ingest.decode_pending()
-                live_due, last_live = None, now
-                next_decode = now + DECODE_INTERVAL_S
+                last_decode = now
+            if now >= last_tick + TICK_S:
+                last_tick = now
                 self.deep.tick()
                 self.watcher.tick()
+                self.selfstats.tick(self.tracked_pids)
                 if self._reload.is_set():
                     self._reload.clear()
                     config_reload.apply(self)

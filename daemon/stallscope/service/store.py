@@ -2,17 +2,22 @@
 
 Producers (ingest, kernel and GPU probes) hand over whole column batches with
 `append()`; a writer thread inserts everything queued, in one transaction,
-at least every `flush_interval_s` (default 200 ms), as Arrow tables, never
-row by row. Small bookkeeping statements (`sql()`) ride in the same
-transaction so that, for instance, a run's `last_seq` is never ahead of the
-records stored. A failed write is rolled back, logged, and recorded as a
-loss with its reason; the daemon runs on. A write that fails because the
-disk is full (or the database was invalidated by such a failure and must be
-reopened) is kept in memory and retried (`store_recovery.py`). Writes to
-`losses` and `probe_status` go through `record_loss` / `record_losses` /
-`record_probe_status` only, so each table has one writer. Listeners see every batch as it is appended (the gRPC stream subscribes
-here). The store never blocks a producer on disk I/O: appends only take a
-short lock.
+as Arrow tables, never row by row, when the oldest queued batch is
+`flush_interval_s` old (default 0.5 s) or `flush_rows` rows are queued,
+whichever comes first, and sleeps while nothing is queued: each INSERT costs
+~1 ms of CPU whatever its size, so the cost follows the data, not a clock.
+A reader that asks for a cursor (`cursor()`: the gRPC Query, status) first
+gets everything appended so far written. Small bookkeeping statements
+(`sql()`, and what flush hooks return) ride in the same transaction so that,
+for instance, a run's `last_seq` is never ahead of the records stored. A
+failed write is rolled back, logged, and recorded as a loss with its reason;
+the daemon runs on. A write that fails because the disk is full (or the
+database was invalidated by such a failure and must be reopened) is kept in
+memory and retried (`store_recovery.py`). Writes to `losses` and
+`probe_status` go through `record_loss` / `record_losses` /
+`record_probe_status` only, so each table has one writer. Listeners see every
+batch as it is appended (the gRPC stream subscribes here). The store never
+blocks a producer on disk I/O: appends only take a short lock.
 """
 
 import logging
@@ -67,6 +72,7 @@ STORED_TABLES = (
     "coverage",
     "run_events",
     "sched_summary",  # stored_ns added by 090_sched_summary.sql
+    "daemon_stats",  # stored_ns added by 120_daemon_stats.sql
 )
 
 # The one statement that writes `probe_status` (record_probe_status).
@@ -87,6 +93,27 @@ def _as_arrow(columns):
             arrays.append(pa.array(list(col) if not isinstance(col, list) else col))
         names.append(name)
     return pa.Table.from_arrays(arrays, names=names)
+
+
+def _concat(batches):
+    """One table from a flush's batches of one table. Batches from different
+    producers may type a column differently (int8 vs int64, a dictionary vs
+    plain strings): they are promoted to a common type, and the INSERT casts
+    to the column's own type."""
+    if len(batches) == 1:
+        return batches[0]
+    try:
+        return pa.concat_tables(batches, promote_options="permissive")
+    except (pa.ArrowTypeError, pa.ArrowInvalid):
+        plain = [_undictionary(b) for b in batches]
+        return pa.concat_tables(plain, promote_options="permissive")
+
+
+def _undictionary(table):
+    for i, field in enumerate(table.schema):
+        if pa.types.is_dictionary(field.type):
+            table = table.set_column(i, field.name, table.column(i).cast(field.type.value_type))
+    return table
 
 
 # Traces hold every traced process's argv and timings: the database and its
@@ -111,7 +138,9 @@ def _restrict(path):
 class Store(Recovery):
     """The daemon's one writable connection to the database file."""
 
-    def __init__(self, path, flush_interval_s=0.2, memory_limit="128MB", sandbox=True):
+    def __init__(
+        self, path, flush_interval_s=0.5, memory_limit="128MB", sandbox=True, flush_rows=50_000
+    ):
         self.path = str(path)
         parent = os.path.dirname(os.path.abspath(self.path))
         # The database holds every traced process's argv: a directory the
@@ -130,14 +159,20 @@ class Store(Recovery):
             self.con.execute("SET lock_configuration = true")
         self.sandboxed = sandbox
         self.flush_interval_s = flush_interval_s
+        self.flush_rows = flush_rows
         self._lock = threading.Lock()
         self._tables = {}  # table -> list of pa.Table waiting
         self.pending_rows = 0  # rows queued and not yet written
         self._statements = []  # (sql, params) waiting, in order
+        self._oldest = None  # monotonic seconds of the oldest queued write
+        self._due = threading.Condition(self._lock)  # the writer sleeps on it
+        self._hooks = []  # fn() -> [(sql, params)] at the start of each flush
         self._listeners = []
         self._stop = threading.Event()
         self._thread = None
-        self._flush_lock = threading.Lock()
+        # Re-entrant: a thread holding exclusive() (retention) may open a
+        # cursor, which flushes first.
+        self._flush_lock = threading.RLock()
         self.rows_written = 0
         self.rows_lost = 0
         self.flushes = 0
@@ -171,6 +206,7 @@ class Store(Recovery):
         with self._lock:
             self._tables.setdefault(table, []).append(batch)
             self.pending_rows += batch.num_rows
+            self._queued()
         for listener in self._listeners:
             try:
                 listener(table, batch)
@@ -181,6 +217,22 @@ class Store(Recovery):
         """Queue a bookkeeping statement for the next flush's transaction."""
         with self._lock:
             self._statements.append((statement, params))
+            self._queued()
+
+    def _queued(self):
+        """Called with the lock held after anything was queued."""
+        if self._oldest is None:
+            self._oldest = time.monotonic()
+            self._due.notify()
+        elif self.pending_rows >= self.flush_rows:
+            self._due.notify()
+
+    def add_flush_hook(self, fn):
+        """fn() -> [(sql, params)] runs at the start of every flush (before the
+        queued rows are taken, so its statements never run ahead of them);
+        what it returns rides in that flush's transaction, after the rows.
+        For bookkeeping that only needs its latest state written."""
+        self._hooks.append(fn)
 
     def record_loss(self, probe, start_ns, end_ns, count, reason, run_id=None):
         """A known gap: `count` records of `probe` lost in [start_ns, end_ns)."""
@@ -208,8 +260,12 @@ class Store(Recovery):
             pass
 
     # ----- readers -------------------------------------------------------------
-    def cursor(self):
-        """A cursor on the same database for reads from another thread."""
+    def cursor(self, fresh=True):
+        """A cursor on the same database for reads from another thread; with
+        `fresh`, what was appended before the call is written first (read your
+        writes). Callers holding a lock a flush hook takes pass fresh=False."""
+        if fresh and (self._oldest is not None or self._hooks):
+            self.flush()
         return self.con.cursor()
 
     def exclusive(self):
@@ -222,7 +278,20 @@ class Store(Recovery):
         self._thread.start()
 
     def _run(self):
-        while not self._stop.wait(self.flush_interval_s):
+        while not self._stop.is_set():
+            with self._lock:
+                # Asleep while nothing is queued; then until the oldest write
+                # is flush_interval_s old or flush_rows rows wait.
+                while not self._stop.is_set():
+                    if self._oldest is not None:
+                        wait = self._oldest + self.flush_interval_s - time.monotonic()
+                        if wait <= 0 or self.pending_rows >= self.flush_rows:
+                            break
+                    else:
+                        wait = None
+                    self._due.wait(wait)
+            if self._stop.is_set():
+                return
             self.flush()
 
     def flush(self):
@@ -233,16 +302,31 @@ class Store(Recovery):
         each table's batch is retried on its own so that one bad batch loses
         only what cannot be written; what is lost is recorded in `losses`."""
         with self._flush_lock:
+            hooked = []
+            for hook in self._hooks:
+                try:
+                    hooked += hook()
+                except Exception:
+                    log.exception("store flush hook failed")
             with self._lock:
                 tables, self._tables = self._tables, {}
-                statements, self._statements = self._statements, []
+                statements, self._statements = self._statements + hooked, []
+                self._oldest = None
             if not tables and not statements:
                 return 0
             queued = sum(b.num_rows for bs in tables.values() for b in bs)
-            merged = {
-                t: (pa.concat_tables(bs, promote_options="default") if len(bs) > 1 else bs[0])
-                for t, bs in tables.items()
-            }
+            merged = {}
+            for t, bs in tables.items():
+                try:
+                    merged[t] = _concat(bs)
+                except (pa.ArrowTypeError, pa.ArrowInvalid) as exc:
+                    # Producers disagree on a column's type beyond what a
+                    # cast unifies: those rows are lost, the rest is written.
+                    n = sum(b.num_rows for b in bs)
+                    log.error("%d rows for %s could not be merged: %s", n, t, exc)
+                    now = time.monotonic_ns()
+                    reason = f"store_merge_failed({t}): {exc}"[:500]
+                    statements.append((LOSS_SQL, [None, "store", now, now, n, reason]))
             self._kept = None  # set by _retain when this flush keeps rows back
             cur = self._open_cursor()
             if cur is None:
@@ -312,6 +396,8 @@ class Store(Recovery):
     def close(self):
         """Stop the writer, write what is left, close the file."""
         self._stop.set()
+        with self._lock:
+            self._due.notify_all()
         if self._thread is not None:
             self._thread.join(timeout=5)
         self.flush()

@@ -114,6 +114,8 @@ class Recovery:
             kept = total - dropped_rows
             # flush() subtracts every row it took; these are queued again.
             self.pending_rows += put_back - dropped_rows
+            if self._oldest is None:
+                self._oldest = now_s  # the writer retries in flush_interval_s
         self._kept = kept
         self.rows_lost += dropped_rows + dropped_stmts
         if self.unwritable_since is None:

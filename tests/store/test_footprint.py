@@ -1,0 +1,364 @@
+"""The daemon's own footprint: it sleeps when idle, its memory stays bounded
+under a flood, it reports its CPU and RSS and warns when it shares CPUs with
+a traced engine, and a preemption by the daemon names the daemon.
+
+Real daemon processes, real sockets and database files; the eBPF test needs
+root and bcc. Nothing here times anything: idleness is counted in wake-ups
+(context switches), memory in rows queued and bytes resident.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from helpers.daemonproc import DaemonProcess
+from helpers.privileged import require_privileged
+from helpers.waiting import wait_for
+from probe_client import wire
+from stallscope.probes import bpf_common
+from stallscope.service import server, store
+
+# Records the daemon's bounds as they are exercised: the largest queue a flush
+# took and the most records read before a decode. Written at exit.
+BOUNDS_PREAMBLE = textwrap.dedent(
+    """
+    import atexit, json, os
+    from stallscope.service import ingest_records, store
+    seen = {"flush_rows": 0, "undecoded": 0}
+    _flush, _decode = store.Store.flush, ingest_records.RecordDecoder.decode_pending
+    def flush(self):
+        seen["flush_rows"] = max(seen["flush_rows"], self.pending_rows)
+        return _flush(self)
+    def decode_pending(self):
+        seen["undecoded"] = max(seen["undecoded"], self.undecoded)
+        return _decode(self)
+    store.Store.flush, ingest_records.RecordDecoder.decode_pending = flush, decode_pending
+    atexit.register(lambda: open(os.environ["BOUNDS_OUT"], "w").write(json.dumps(seen)))
+    """
+)
+
+FLOOD_SENDER = textwrap.dedent(
+    """
+    import json, os, socket, sys, time
+    from probe_client import wire
+    path, seconds, token = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    s.connect(path)
+    hello = json.dumps({"run_token": token, "label": f"flood-{token}"}).encode()
+    s.send(wire.HEADER.pack(wire.MAGIC, wire.VERSION, wire.DGRAM_HELLO, 0, 32, 0, 0, 0, 0) + hello)
+    names = b"".join(wire.STRING_RECORD.pack(wire.REC_STRING, 0, i + 1, 0, n)
+                     for i, n in enumerate([b"step", b"recurrent"]))
+    s.send(wire.HEADER.pack(wire.MAGIC, wire.VERSION, wire.DGRAM_RECORDS, 2, 32, 0, 0, 0, 0)
+           + names)
+    n = wire.MAX_RECORDS
+    buf = bytearray(wire.HEADER_SIZE + n * 32)
+    for i in range(n):
+        wire.RECORD.pack_into(buf, 32 + i * 32, wire.REC_SPAN, 0, 1, os.getpid(),
+                              1000 + i, 2000 + i, 2, 3)
+    seq, end = 0, time.monotonic() + seconds
+    while time.monotonic() < end:
+        wire.HEADER.pack_into(buf, 0, wire.MAGIC, wire.VERSION, wire.DGRAM_RECORDS, n, 32,
+                              seq, 0, 0, 0)
+        s.send(buf)  # blocking: as fast as the daemon takes them
+        seq += n
+    s.close()
+    print(seq)
+    """
+)
+
+
+def flood(sock, seconds, senders=4, cpu=None):
+    pre = None if cpu is None else (lambda: os.sched_setaffinity(0, {cpu}))
+    return [
+        subprocess.Popen(
+            [sys.executable, "-c", FLOOD_SENDER, sock, str(seconds), str(i + 1)],
+            stdout=subprocess.PIPE,
+            preexec_fn=pre,
+        )
+        for i in range(senders)
+    ]
+
+
+def status_kb(pid, key):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+def wakeups(pid):
+    """Voluntary context switches of every thread of `pid` so far."""
+    total = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            total += status_kb(f"{pid}/task/{tid}", "voluntary_ctxt_switches")
+        except OSError:
+            pass
+    return total
+
+
+# ----- cost follows work ------------------------------------------------------------
+
+
+def test_cadence_stretches_while_quiet_and_snaps_back_when_busy():
+    c = bpf_common.Cadence(0.02, busy_max_s=0.2, idle_max_s=0.5, batch_records=1000)
+    waits = [c.next(0) for _ in range(8)]
+    assert waits[0] == 0.04 and waits[-1] == 0.5  # doubles up to idle_max_s
+    assert c.next(5000) == 0.02  # a full batch: read at full rate again
+    assert [c.next(10) for _ in range(6)][-1] == 0.2  # a trickle: up to busy_max_s
+    assert c.next(0) == 0.4 and c.next(0) == 0.5
+    assert c.next(1000) == 0.02
+    bpf_common.LIVE.set()  # someone watches the live stream: full rate
+    try:
+        assert c.next(0) == 0.02
+    finally:
+        bpf_common.LIVE.clear()
+
+
+def test_idle_daemon_wakes_a_few_times_a_second(tmp_path):
+    """No client, no probes: the main loop and the writer sleep (they used to
+    wake 20 and 5 times a second)."""
+    d = DaemonProcess(tmp_path).start()
+    try:
+        time.sleep(1.0)  # start-up done
+        w0, t0 = wakeups(d.proc.pid), time.monotonic()
+        time.sleep(3.0)
+        per_s = (wakeups(d.proc.pid) - w0) / (time.monotonic() - t0)
+    finally:
+        rc, _ = d.stop()
+    assert rc == 0, d.read_log()
+    assert per_s < 8, f"{per_s:.1f} wake-ups/s while idle"
+
+
+def test_rows_are_written_when_read_and_progress_once_per_flush(tmp_path):
+    """A reader through the daemon sees what was appended before it asked,
+    although the writer flushes only once a second."""
+    s = store.Store(str(tmp_path / "f.duckdb"), flush_interval_s=3600)
+    calls = []
+    s.add_flush_hook(lambda: calls.append(1) or [])
+    s.start()
+    try:
+        s.append("steal", {"cpu": [0], "start_ns": [1], "end_ns": [2], "steal_ns": [1]})
+        cur = s.cursor()
+        assert cur.execute("SELECT count(*) FROM steal").fetchone()[0] == 1
+        cur.close()
+        assert calls  # the hook ran with that flush
+        assert s.pending_rows == 0
+    finally:
+        s.close()
+
+
+def test_writer_flushes_early_when_rows_pile_up(tmp_path):
+    s = store.Store(str(tmp_path / "g.duckdb"), flush_interval_s=3600, flush_rows=100)
+    s.start()
+    try:
+        n = 150
+        s.append(
+            "steal", {"cpu": [0] * n, "start_ns": [1] * n, "end_ns": [2] * n, "steal_ns": [1] * n}
+        )
+        assert wait_for(lambda: s.rows_written >= n, timeout_s=30)
+    finally:
+        s.close()
+
+
+def test_batches_typed_differently_by_two_producers_share_a_flush(tmp_path):
+    """With a flush a second, batches of one table from two producers meet in
+    one flush (the USDT GC probe types `generation` int64, ingest int8; comm
+    columns come dictionary-encoded or plain): all of them are written."""
+    import numpy as np
+    import pyarrow as pa
+
+    s = store.Store(str(tmp_path / "m.duckdb"), flush_interval_s=3600)
+    s.append(
+        "gc_events",
+        {"run_id": [1], "generation": np.array([2], np.int8), "start_ns": [1], "end_ns": [2]},
+    )
+    s.append(
+        "gc_events",
+        {"run_id": [1], "generation": np.array([1], np.int64), "start_ns": [3], "end_ns": [4]},
+    )
+    s.append("probe_status", {"ts_ns": [1], "probe": pa.array(["a"]).dictionary_encode()})
+    s.append("probe_status", {"ts_ns": [2], "probe": ["b"]})
+    try:
+        assert s.flush() == 4
+        cur = s.cursor()
+        assert cur.execute("SELECT generation FROM gc_events ORDER BY 1").fetchall() == [(1,), (2,)]
+        assert cur.execute("SELECT count(*) FROM probe_status").fetchone()[0] >= 2
+        cur.close()
+    finally:
+        s.close()
+
+
+# ----- bounded memory ---------------------------------------------------------------------
+
+
+def test_flood_keeps_queues_and_memory_bounded(tmp_path):
+    """Four senders as fast as the socket takes them: every record is stored,
+    no flush takes more than the pending bound plus one decode, no decode
+    waits for more than one batch plus one selector round, and the daemon's
+    resident memory grows by far less than the ~450 MB it used to."""
+    out = tmp_path / "bounds.json"
+    os.environ["BOUNDS_OUT"] = str(out)
+    try:
+        d = DaemonProcess(tmp_path, preamble=BOUNDS_PREAMBLE).start()
+    finally:
+        del os.environ["BOUNDS_OUT"]
+    try:
+        rss0 = status_kb(d.proc.pid, "VmRSS")
+        senders = flood(d.socket, 4.0)
+        peak = rss0
+        while any(p.poll() is None for p in senders):
+            peak = max(peak, status_kb(d.proc.pid, "VmRSS"))
+            time.sleep(0.1)
+        sent = sum(int(p.communicate()[0].split()[-1]) for p in senders)
+    finally:
+        rc, _ = d.stop(timeout_s=120)
+    assert rc == 0, d.read_log()
+    stored = d.scalar("SELECT count(*) FROM spans")
+    assert stored == sent > 0
+    seen = json.loads(out.read_text())
+    one_round = 4 * 256 * wire.MAX_RECORDS  # DATAGRAMS_PER_ROUND per sender
+    assert seen["undecoded"] <= server.DECODE_BATCH_RECORDS + one_round, seen
+    assert seen["flush_rows"] <= server.MAX_PENDING_ROWS + 2 * one_round, seen
+    grew_mb = (peak - rss0) / 1024
+    assert grew_mb < 300, f"RSS grew {grew_mb:.0f} MB under the flood"
+
+
+# ----- status and placement ----------------------------------------------------------------
+
+
+def _client(sock, cpu=None):
+    code = (
+        "import sys, time, probe_client\n"
+        "p = probe_client.connect(socket_path=sys.argv[1], run_label='placed')\n"
+        "t = p.begin(); p.end('step', t)\n"
+        "sys.stdin.read()\n"
+    )
+    pre = None if cpu is None else (lambda: os.sched_setaffinity(0, {cpu}))
+    return subprocess.Popen(
+        [sys.executable, "-c", code, sock], stdin=subprocess.PIPE, preexec_fn=pre
+    )
+
+
+def _status(d, path):
+    return subprocess.run(
+        [sys.executable, "-m", "stallscope.cli", "status", "--db", d.db]
+        + ["--api-socket", str(path / "api.sock")],
+        capture_output=True,
+        text=True,
+    ).stdout
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
+@pytest.mark.parametrize("shared", [True, False], ids=["shared", "apart"])
+def test_status_shows_footprint_and_warns_only_when_cpus_are_shared(tmp_path, shared):
+    cpus = sorted(os.sched_getaffinity(0))
+    d = DaemonProcess(tmp_path, extra_args=["--api-socket", str(tmp_path / "api.sock")]).start()
+    if not shared:
+        for tid in os.listdir(f"/proc/{d.proc.pid}/task"):
+            os.sched_setaffinity(int(tid), {cpus[0]})
+    client = _client(d.socket, cpu=None if shared else cpus[1])
+    try:
+        # The run is connected and tracked; the next status read flushes the
+        # sample the tracking change wrote.
+        assert wait_for(lambda: "placed" in _status(d, tmp_path), timeout_s=30)
+        if shared:
+            assert wait_for(lambda: "can preempt" in d.new_log(), timeout_s=30), d.new_log()
+        assert wait_for(lambda: len(_stats_live(d, tmp_path)) >= 2, timeout_s=30)
+        status = _status(d, tmp_path)
+        assert "Daemon footprint" in status and str(d.proc.pid) in status, status
+    finally:
+        client.communicate(b"")
+        rc, _ = d.stop()
+    assert rc == 0, d.read_log()
+    rows = d.query("SELECT pid, cpu_pct, rss_bytes, shared_pids, warning FROM daemon_stats")
+    assert all(r[0] == d.proc.pid and r[1] >= 0 and r[2] > 0 for r in rows), rows
+    with_client = [r for r in rows if client.pid in (r[3] or [])]
+    if shared:
+        assert with_client and "CPUAffinity=" in with_client[0][4]
+        assert f"pid(s) {client.pid}" in with_client[0][4]
+    else:
+        assert not with_client and all(r[4] is None for r in rows), rows
+
+
+def _stats_live(d, path):
+    """daemon_stats rows, read through the running daemon's API."""
+    from stallscope.api.client import ApiSource
+
+    src = ApiSource(str(path / "api.sock"))
+    try:
+        return src.query("SELECT ts_ns FROM daemon_stats")[1]
+    finally:
+        src.close()
+
+
+# ----- the tracer as a preemptor --------------------------------------------------------------
+
+ENGINE = textwrap.dedent(
+    """
+    import sys, time, probe_client
+    p = probe_client.connect(socket_path=sys.argv[1], run_label="spinner")
+    end = time.monotonic() + float(sys.argv[2])
+    while time.monotonic() < end:
+        t = p.begin()
+        s = 0
+        for i in range(20000):
+            s += i
+        p.end("step", t, stage="spin", batch=1)
+    p.close()
+    """
+)
+
+
+def test_daemon_preempting_a_traced_thread_is_named_as_preemptor(tmp_path):
+    """The engine and the daemon share one CPU while the daemon is kept busy
+    by a flood from another CPU: the engine's preempted intervals name the
+    daemon (its pid, a 'stallscope/...' thread name), as any other task."""
+    from stallscope.probes.sched_bcc import BccSchedProbe
+
+    reason = BccSchedProbe.unavailable()
+    require_privileged(reason is None, f"requires root and bcc: {reason}")
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("needs two CPUs")
+    d = DaemonProcess(tmp_path, sched_backend="bcc").start()
+    try:
+        for tid in os.listdir(f"/proc/{d.proc.pid}/task"):
+            os.sched_setaffinity(int(tid), {cpus[0]})
+        engine = subprocess.Popen(
+            [sys.executable, "-c", ENGINE, d.socket, "6"],
+            preexec_fn=lambda: os.sched_setaffinity(0, {cpus[0]}),
+        )
+        time.sleep(1.0)  # the engine runs before the daemon gets busy
+        senders = flood(d.socket, 3.0, senders=2, cpu=cpus[1])
+        for p in senders:
+            p.communicate()
+        assert engine.wait(timeout=120) == 0
+    finally:
+        rc, _ = d.stop(timeout_s=120)
+    assert rc == 0, d.read_log()
+    rows = d.query(
+        "SELECT preemptor_comm, count(*) FROM offcpu WHERE pid = ? AND preempted "
+        "AND preemptor_pid = ? GROUP BY ALL",
+        [engine.pid, d.proc.pid],
+    )
+    assert rows, d.query(
+        "SELECT preemptor_pid, preemptor_comm, count(*) FROM offcpu WHERE pid = ? "
+        "AND preempted GROUP BY ALL ORDER BY 3 DESC LIMIT 10",
+        [engine.pid],
+    )
+    assert sum(n for comm, n in rows if comm.startswith("stallscope")) >= 0.9 * sum(
+        n for _, n in rows
+    ), rows
+    named = d.scalar(
+        "SELECT count(*) FROM step_attribution s JOIN runs r USING (run_id) "
+        "WHERE r.pid = ? AND s.preemptor_pid = ?",
+        [engine.pid, d.proc.pid],
+    )
+    assert named > 0
