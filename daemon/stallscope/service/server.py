@@ -23,6 +23,7 @@ from stallscope.service.coverage import Coverage
 from stallscope.service.deep import DeepWindows
 from stallscope.service.ingest import Ingest
 from stallscope.service.retention import Retention
+from stallscope.service.step_fill import StepFiller
 from stallscope.service.store import DB_UMASK, Store
 
 log = logging.getLogger("stallscope.daemon")
@@ -101,6 +102,7 @@ class Daemon:
         self.store = Store(db_path, flush_interval_s=flush_interval_s)
         self.sink = StoreSink(self.store)
         self.coverage = Coverage(self.store)
+        self.step_fill = StepFiller(self.store)
         self.probes = []
         self.extra_pids = set(pids)
         # The CLI passes stopping.STOP, set by SIGTERM from the first moment.
@@ -262,6 +264,7 @@ class Daemon:
 
     def run(self):
         self.store.start()
+        self.step_fill.start()
         if self.retention is not None:
             self.retention.start()
         if self.api_socket or self.api_options.get("listen"):
@@ -321,6 +324,7 @@ class Daemon:
             self.retention.stop()
         self._stop_probes()
         self.coverage.close_all()
+        self.step_fill.stop()
         self.store.close()
         log.info(
             "stopped in %.0f ms; %d records received, %d known lost, %d rejected",

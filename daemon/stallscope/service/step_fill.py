@@ -1,0 +1,350 @@
+"""Keeps `step_components` filled: each step's attribution components, computed once.
+
+`step_attribution` would otherwise join every kernel row with every step on
+each query. The filler stores, per closed step, what `_step_components` and
+`_step_submit_call` give for it (the same SQL: `_step_components_of(true)`,
+the views' own scoped computation), and the views read stored rows for
+filled steps and compute only the rest. A step is filled once it has
+settled: it ended `settle_ns` ago (kernel ring buffers drain late) and the
+lock chains of its off-CPU rows are closed (a later row of its thread
+begins a new chain). A thread's filled steps are always a prefix of its
+steps (0..filled_idx in step_component_threads), so the views need no
+per-step anti-join. Rows that arrive late anyway (a row that starts before
+a thread's `safe_ns`, a new run whose pid earlier rows named) take the
+thread back to before the lock chain they touch: its rows from there on
+are deleted and filled again. The filler never writes a source table, and
+a failed cycle only leaves steps to the views' own computation.
+"""
+
+import logging
+import threading
+import time
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+log = logging.getLogger("stallscope.step_fill")
+
+NS_MIN = -(2**63)
+# The source tables whose late rows can change a filled step, and the
+# column of each row's start. Kernel rows name a (pid, tid); GC rows a run
+# (a pass stops every thread of it); spans a (run, tid).
+KERNEL_SOURCES = {
+    "offcpu": "start_ns",
+    "runq": "start_ns",
+    "migrations": "ts_ns",
+    "syscalls": "start_ns",
+    "page_faults": "start_ns",
+    "irq_time": "start_ns",
+}
+RUN_SOURCES = {"gc_events": ("run_id",), "spans": ("run_id", "tid")}
+
+# Off-CPU rows that take part in lock chains (_offcpu_event's `vol`).
+_VOL = (
+    "end_ns > start_ns AND resolution_ns IS NULL AND (wakeup_ns IS NOT NULL "
+    "OR waker_tid IS NOT NULL OR waker_irq OR preemptor_pid IS NOT NULL)"
+)
+
+# Per step thread with unfilled steps: the last index that may be filled
+# (its end settled), from the unfilled steps alone.
+_TODO_SQL = """
+SELECT run_id, tid, any_value(pid) AS pid, min(step_idx) AS first_idx,
+       max(step_idx) AS last_idx, max(step_idx) FILTER (end_ns <= ?) AS settled_idx
+FROM _step_todo GROUP BY run_id, tid
+"""
+
+_FILL_SQL = """
+INSERT INTO step_components BY NAME
+WITH c AS MATERIALIZED (SELECT * FROM _step_components_of(true)),
+sc AS MATERIALIZED (SELECT * FROM _step_submit_call_of(true))
+SELECT s.run_id, s.tid, s.step_idx, s.pid, s.start_ns, s.end_ns,
+       c.run_id IS NOT NULL AS has_components,
+       sc.submit_ns, sc.submit_start_ns, sc.submit_end_ns, sc.submit_calls,
+       c.* EXCLUDE (run_id, tid, step_idx),
+       ?::BIGINT AS lock_chain_gap_ns, ?::BIGINT AS filled_ns
+FROM _step_todo s
+JOIN _fill_limit l ON l.run_id = s.run_id AND l.tid = s.tid AND s.step_idx <= l.fill_idx
+LEFT JOIN c ON c.run_id = s.run_id AND c.tid = s.tid AND c.step_idx = s.step_idx
+LEFT JOIN sc ON sc.run_id = s.run_id AND sc.tid = s.tid AND sc.step_idx = s.step_idx
+"""
+
+
+class StepFiller:
+    """Fills step_components from a cursor of the daemon's database."""
+
+    def __init__(self, store, interval_s=1.0, settle_ns=2_000_000_000):
+        self.store = store
+        self.interval_s = interval_s
+        self.settle_ns = int(settle_ns)
+        self._lock = threading.Lock()
+        self._late = {}  # ('k', pid, tid) | ('r', run_id) | ('s', run_id, tid) -> min start
+        self._dirty = True  # spans arrived (or start-up): steps may be waiting
+        self._more = True  # the last fill left steps to settle
+        self._last_run_id = None
+        self._stop = threading.Event()
+        self._thread = None
+        self.cycles = 0
+        self.steps_filled = 0
+        self.steps_reset = 0
+        self.last_error = None
+
+    # ----- store listener (producer threads: keep it small) -----------------
+    def note_batch(self, table, batch):
+        """Remember the earliest row per key of a stored batch (late-row check)."""
+        if table in KERNEL_SOURCES:
+            keys, tag = ["pid", "tid"], "k"
+            col = KERNEL_SOURCES[table]
+        elif table in RUN_SOURCES:
+            keys, tag, col = list(RUN_SOURCES[table]), ("r" if table == "gc_events" else "s"), None
+            col = "start_ns"
+        else:
+            return
+        if batch.num_rows == 0 or any(k not in batch.column_names for k in keys + [col]):
+            return
+        mins = pa.TableGroupBy(batch.select(keys + [col]), keys).aggregate([(col, "min")])
+        rows = zip(*(mins[k].to_pylist() for k in keys), mins[f"{col}_min"].to_pylist(), strict=True)
+        with self._lock:
+            if table == "spans":
+                self._dirty = True
+            for *key, start in rows:
+                if start is None:
+                    continue
+                k = (tag, *key)
+                old = self._late.get(k)
+                if old is None or start < old:
+                    self._late[k] = start
+
+    # ----- thread ---------------------------------------------------------------
+    def start(self):
+        cur = self.store.cursor()
+        try:  # runs stored before this start were known when their steps were filled
+            self._last_run_id = cur.execute("SELECT max(run_id) FROM runs").fetchone()[0]
+        finally:
+            cur.close()
+        self.store.add_listener(self.note_batch)
+        self._thread = threading.Thread(target=self._run, name="step-fill", daemon=True)
+        self._thread.start()
+
+    def stop(self):
+        self._stop.set()
+        self.store.remove_listener(self.note_batch)
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def _run(self):
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.cycle()
+            except Exception as exc:  # the daemon runs on; the views compute the rest
+                self.last_error = str(exc)
+                log.warning("step_components fill failed: %s", exc)
+
+    # ----- one cycle ----------------------------------------------------------
+    def cycle(self, now_ns=None):
+        """Apply late rows, then fill the settled steps. Returns steps filled."""
+        with self._lock:
+            late, self._late = self._late, {}
+            dirty, self._dirty = self._dirty, False
+        # Rows noted so far are in the database once this returns; rows noted
+        # later are checked next cycle, even if this cycle already saw them.
+        self.store.flush()
+        now_ns = time.monotonic_ns() if now_ns is None else now_ns
+        cur = self.store.cursor()
+        try:
+            gap_ns = cur.execute("SELECT lock_chain_gap_ns FROM step_params").fetchone()[0]
+            self._apply_late(cur, late, gap_ns)
+            if not dirty and not self._more and not late:
+                return 0  # nothing arrived and nothing waits: no work while idle
+            filled, self._more = self._fill(cur, now_ns, gap_ns)
+            self.cycles += 1
+            return filled
+        finally:
+            cur.close()
+
+    def _fill(self, cur, now_ns, gap_ns):
+        todo = cur.execute(_TODO_SQL, [now_ns - self.settle_ns]).fetchall()
+        limits, more = [], False
+        for run_id, tid, pid, first_idx, last_idx, settled_idx in todo:
+            more = more or settled_idx != last_idx
+            if settled_idx is None:
+                continue
+            cut = self._cut_of(cur, run_id, tid)
+            closed = self._last_chain_begin(cur, pid, tid, cut, gap_ns)
+            fill_idx = settled_idx
+            if closed is not None:  # the thread has chain rows: fill up to the last closed chain
+                row = cur.execute(
+                    "SELECT max(step_idx) FROM _step_todo WHERE run_id = ? AND tid = ? "
+                    "AND step_idx <= ? AND end_ns <= ?",
+                    [run_id, tid, settled_idx, closed],
+                ).fetchone()
+                fill_idx = row[0]
+            more = more or fill_idx != last_idx
+            if fill_idx is not None and fill_idx >= first_idx:
+                limits.append((run_id, tid, pid, fill_idx))
+        if not limits:
+            return 0, more
+        table = pa.table(
+            {
+                "run_id": pa.array([x[0] for x in limits], pa.int64()),
+                "tid": pa.array([x[1] for x in limits], pa.int64()),
+                "fill_idx": pa.array([x[3] for x in limits], pa.int64()),
+            }
+        )
+        cur.execute("BEGIN TRANSACTION")
+        try:
+            cur.register("_fill_limit", table)
+            n = cur.execute(_FILL_SQL, [gap_ns, now_ns]).fetchone()[0]
+            cur.unregister("_fill_limit")
+            for run_id, tid, pid, fill_idx in limits:
+                self._set_frontier(cur, run_id, tid, pid, fill_idx, gap_ns, now_ns)
+            cur.execute("COMMIT")
+        except Exception:
+            cur.execute("ROLLBACK")
+            raise
+        self.steps_filled += n
+        return n, more
+
+    # ----- frontier -------------------------------------------------------------
+    @staticmethod
+    def _cut_of(cur, run_id, tid):
+        row = cur.execute(
+            "SELECT chain_cut_ns FROM step_component_threads WHERE run_id = ? AND tid = ?",
+            [run_id, tid],
+        ).fetchone()
+        return NS_MIN if row is None or row[0] is None else row[0]
+
+    @staticmethod
+    def _last_chain_begin(cur, pid, tid, from_ns, gap_ns):
+        """Start of the thread's last off-CPU chain row whose predecessor is
+        known and more than gap_ns before it (NULL: the thread has chain rows
+        but no such begin: every chain may still grow); +inf without chain rows."""
+        row = cur.execute(
+            f"""SELECT count(*), max(start_ns) FILTER (gap > ?) FROM (
+                SELECT start_ns, start_ns - lag(end_ns) OVER (ORDER BY start_ns) AS gap
+                FROM offcpu WHERE pid = ? AND tid = ? AND start_ns >= ? AND {_VOL})""",
+            [gap_ns, pid, tid, from_ns],
+        ).fetchone()
+        if row[0] == 0:
+            return 2**63 - 1
+        return row[1]
+
+    @staticmethod
+    def _chain_begin_at_or_before(cur, pid, tid, at_ns, gap_ns):
+        """Start of the latest lock-chain begin at or before at_ns (a chain row
+        more than gap_ns after its predecessor, or the thread's first); NS_MIN
+        when no chain row starts at or before at_ns. Searches back in doubling windows."""
+        window = 10_000_000_000
+        while True:
+            lo = max(at_ns - window, NS_MIN)
+            row = cur.execute(
+                f"""SELECT count(*), max(start_ns) FILTER (gap > ?),
+                           (SELECT count(*) FROM offcpu WHERE pid = ? AND tid = ? AND start_ns < ?
+                            AND {_VOL})
+                    FROM (SELECT start_ns, start_ns - lag(end_ns) OVER (ORDER BY start_ns) AS gap
+                          FROM offcpu WHERE pid = ? AND tid = ? AND start_ns >= ?
+                          AND start_ns <= ? AND {_VOL})""",
+                [gap_ns, pid, tid, lo, pid, tid, lo, at_ns],
+            ).fetchone()
+            found, begin, earlier = row
+            if begin is not None:
+                return begin
+            if earlier == 0:  # the window holds the thread's first chain row (or none)
+                if found == 0:
+                    return NS_MIN
+                return cur.execute(
+                    f"SELECT min(start_ns) FROM offcpu WHERE pid = ? AND tid = ? AND start_ns >= ? "
+                    f"AND {_VOL}",
+                    [pid, tid, lo],
+                ).fetchone()[0]
+            if lo == NS_MIN:
+                return NS_MIN
+            window *= 2
+
+    def _set_frontier(self, cur, run_id, tid, pid, filled_idx, gap_ns, now_ns):
+        """Write the thread's frontier for steps 0..filled_idx filled (-1: none)."""
+        cur.execute("DELETE FROM step_component_threads WHERE run_id = ? AND tid = ?", [run_id, tid])
+        if filled_idx < 0:
+            return
+        start_ns, end_ns = cur.execute(
+            "SELECT start_ns, end_ns FROM step_components WHERE run_id = ? AND tid = ? "
+            "AND step_idx = ?",
+            [run_id, tid, filled_idx],
+        ).fetchone()
+        # Unfilled steps start at or after the last filled one's end (steps
+        # of a thread do not overlap); a zero-length last step is not its own successor.
+        todo_from = end_ns if end_ns > start_ns else end_ns + 1
+        # Off-CPU rows that may overlap an unfilled step end after todo_from;
+        # the cut is the begin of the lock chain of the earliest of them.
+        first = cur.execute(
+            "SELECT min(start_ns) FROM offcpu WHERE pid = ? AND tid = ? AND end_ns > ?",
+            [pid, tid, todo_from],
+        ).fetchone()[0]
+        at = todo_from if first is None else min(todo_from, first)
+        cut = self._chain_begin_at_or_before(cur, pid, tid, at, gap_ns)
+        # A row starting before safe could join the lock chain of a filled step's row.
+        safe = cur.execute(
+            f"""SELECT min(start_ns) FILTER (gap > ? AND start_ns >= ?) FROM (
+                SELECT start_ns, start_ns - lag(end_ns) OVER (ORDER BY start_ns) AS gap
+                FROM offcpu WHERE pid = ? AND tid = ? AND start_ns >= ? AND {_VOL})""",
+            [gap_ns, end_ns, pid, tid, cut],
+        ).fetchone()[0]
+        safe = end_ns if safe is None else safe
+        cur.execute(
+            "INSERT INTO step_component_threads VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [run_id, tid, pid, filled_idx, todo_from, cut, safe, gap_ns, now_ns],
+        )
+
+    # ----- late rows -----------------------------------------------------------
+    def _apply_late(self, cur, late, gap_ns):
+        """Take threads back before the lock chain a late row touches."""
+        frontier = cur.execute(
+            "SELECT run_id, tid, pid, safe_ns FROM step_component_threads"
+        ).fetchall()
+        if not frontier:
+            self._last_run_id = cur.execute("SELECT max(run_id) FROM runs").fetchone()[0]
+            return
+        resets = {}  # (run_id, tid) -> earliest start of a late row
+
+        def reset(thread, at):
+            if at < resets.get(thread, 2**63):
+                resets[thread] = at
+
+        for run_id, tid, pid, safe in frontier:
+            for key in (("k", pid, tid), ("r", run_id), ("s", run_id, tid)):
+                at = late.get(key)
+                if at is not None and at < safe:
+                    reset((run_id, tid, pid), at)
+        # A new run makes its pid a traced process: earlier off-CPU rows that
+        # named it now read as 'peer' and carry its run.
+        last = self._last_run_id if self._last_run_id is not None else -1
+        for (pid,) in cur.execute("SELECT pid FROM runs WHERE run_id > ?", [last]).fetchall():
+            for run_id, tid, tpid, at in cur.execute(
+                "SELECT run_id, tid, pid, min(start_ns) FROM step_components "
+                "WHERE list_contains(who_pids, ?) AND pid IS DISTINCT FROM ? GROUP BY ALL",
+                [pid, pid],
+            ).fetchall():
+                reset((run_id, tid, tpid), at)
+        self._last_run_id = cur.execute("SELECT max(run_id) FROM runs").fetchone()[0]
+        if not resets:
+            return
+        cur.execute("BEGIN TRANSACTION")
+        try:
+            for (run_id, tid, pid), at in resets.items():
+                begin = self._chain_begin_at_or_before(cur, pid, tid, at, gap_ns)
+                begin = min(begin, at)
+                n = cur.execute(
+                    "DELETE FROM step_components WHERE run_id = ? AND tid = ? AND end_ns > ?",
+                    [run_id, tid, begin],
+                ).fetchone()[0]
+                self.steps_reset += n
+                last = cur.execute(
+                    "SELECT coalesce(max(step_idx), -1) FROM step_components "
+                    "WHERE run_id = ? AND tid = ?",
+                    [run_id, tid],
+                ).fetchone()[0]
+                self._set_frontier(cur, run_id, tid, pid, last, gap_ns, time.monotonic_ns())
+            cur.execute("COMMIT")
+        except Exception:
+            cur.execute("ROLLBACK")
+            raise
+        log.info("step_components: %d late rows took %d threads back", len(resets), len(resets))
