@@ -73,9 +73,9 @@ WHERE coalesce(getvariable('step_components_table'), true)
   AND f.pid = coalesce(r.pid, -f.run_id);
 
 -- The steps not filled yet (all of them without the filler), with the
--- columns the interval joins need. A thread's unfilled steps are its steps
--- from todo_from_ns on, numbered on from filled_idx: read from spans
--- without numbering the thread's whole history again.
+-- columns the interval joins need: a thread's steps from its todo_from_ns
+-- on, numbered on from filled_idx (the same numbers as _step's, without
+-- numbering the thread's whole history again).
 CREATE OR REPLACE VIEW _step_todo AS
 SELECT s.run_id, coalesce(r.pid, -s.run_id) AS pid, s.tid, s.start_ns, s.end_ns,
        f.filled_idx + row_number() OVER (PARTITION BY s.run_id, s.tid ORDER BY s.start_ns, s.seq) AS step_idx
@@ -84,8 +84,11 @@ JOIN _step_frontier f ON f.run_id = s.run_id AND f.tid = s.tid AND s.start_ns >=
 LEFT JOIN runs r ON r.run_id = s.run_id
 WHERE s.kind = 'step' AND s.start_ns IS NOT NULL AND s.end_ns >= s.start_ns
 UNION ALL
-SELECT s.run_id, s.pid, s.tid, s.start_ns, s.end_ns, s.step_idx
-FROM _step s ANTI JOIN _step_frontier f USING (run_id, tid);
+SELECT s.run_id, coalesce(r.pid, -s.run_id) AS pid, s.tid, s.start_ns, s.end_ns,
+       row_number() OVER (PARTITION BY s.run_id, s.tid ORDER BY s.start_ns, s.seq) - 1 AS step_idx
+FROM (SELECT * FROM spans WHERE kind = 'step' AND start_ns IS NOT NULL AND end_ns >= start_ns) s
+ANTI JOIN _step_frontier f ON f.run_id = s.run_id AND f.tid = s.tid
+LEFT JOIN runs r ON r.run_id = s.run_id;
 
 -- Their bucket size (only a join device: any size gives the same pairs).
 CREATE OR REPLACE VIEW _step_todo_bucket AS
@@ -95,8 +98,9 @@ SELECT greatest(coalesce(avg(end_ns - start_ns), 0)::BIGINT, 1000000) AS bucket_
 -- first_ns: no unfilled step starts before it (NULL: none left); a source
 -- row ending before it overlaps no unfilled step. offcpu_from_ns: off-CPU
 -- rows starting before it are not needed, even for the lock chains of the
--- rows that overlap unfilled steps (-2^63: all are). Read from spans and
--- the small frontier table, not from _step, so that it stays cheap.
+-- rows that overlap unfilled steps (-2^63: all are). 2^63-1 when no step
+-- is left (not NULL: a number lets the scans skip row groups by their
+-- min/max). Read from spans and the small frontier table, not from _step.
 CREATE OR REPLACE VIEW _step_todo_bound AS
 WITH t AS (
     SELECT run_id, tid, min(start_ns) AS first_ns, max(start_ns) AS last_ns
@@ -104,10 +108,12 @@ WITH t AS (
     GROUP BY run_id, tid
 )
 SELECT
-    min(CASE WHEN f.run_id IS NULL THEN t.first_ns
-             WHEN t.last_ns >= f.todo_from_ns THEN f.todo_from_ns END) AS first_ns,
-    min(CASE WHEN f.run_id IS NULL THEN -9223372036854775808
-             WHEN t.last_ns >= f.todo_from_ns THEN f.chain_cut_ns END) AS offcpu_from_ns
+    coalesce(min(CASE WHEN f.run_id IS NULL THEN t.first_ns
+                      WHEN t.last_ns >= f.todo_from_ns THEN f.todo_from_ns END),
+             9223372036854775807) AS first_ns,
+    coalesce(min(CASE WHEN f.run_id IS NULL THEN -9223372036854775808
+                      WHEN t.last_ns >= f.todo_from_ns THEN f.chain_cut_ns END),
+             9223372036854775807) AS offcpu_from_ns
 FROM t LEFT JOIN _step_frontier f USING (run_id, tid);
 
 -- _step_cover of the unfilled steps.

@@ -102,7 +102,9 @@ class StepFiller:
         if batch.num_rows == 0 or any(k not in batch.column_names for k in keys + [col]):
             return
         mins = pa.TableGroupBy(batch.select(keys + [col]), keys).aggregate([(col, "min")])
-        rows = zip(*(mins[k].to_pylist() for k in keys), mins[f"{col}_min"].to_pylist(), strict=True)
+        rows = zip(
+            *(mins[k].to_pylist() for k in keys), mins[f"{col}_min"].to_pylist(), strict=True
+        )
         with self._lock:
             if table == "spans":
                 self._dirty = True
@@ -169,7 +171,7 @@ class StepFiller:
             if settled_idx is None:
                 continue
             cut = self._cut_of(cur, run_id, tid)
-            closed = self._last_chain_begin(cur, pid, tid, cut, gap_ns)
+            closed = self._last_chain_begin(cur, pid, tid, cut, gap_ns, now_ns - self.settle_ns)
             fill_idx = settled_idx
             if closed is not None:  # the thread has chain rows: fill up to the last closed chain
                 row = cur.execute(
@@ -214,17 +216,19 @@ class StepFiller:
         return NS_MIN if row is None or row[0] is None else row[0]
 
     @staticmethod
-    def _last_chain_begin(cur, pid, tid, from_ns, gap_ns):
-        """Start of the thread's last off-CPU chain row whose predecessor is
-        known and more than gap_ns before it (NULL: the thread has chain rows
-        but no such begin: every chain may still grow); +inf without chain rows."""
+    def _last_chain_begin(cur, pid, tid, from_ns, gap_ns, settled_ns):
+        """Start of the thread's last lock-chain begin from from_ns (a chain
+        boundary) on: a chain row more than gap_ns after its predecessor, or
+        the first row; the chains before it are closed. +inf when the thread
+        has no chain rows, or its last one ended before settled_ns (a row
+        that extends it now is a late row, which takes its steps back)."""
         row = cur.execute(
-            f"""SELECT count(*), max(start_ns) FILTER (gap > ?) FROM (
-                SELECT start_ns, start_ns - lag(end_ns) OVER (ORDER BY start_ns) AS gap
+            f"""SELECT count(*), max(start_ns) FILTER (gap > ? OR gap IS NULL), max(end_ns) FROM (
+                SELECT start_ns, end_ns, start_ns - lag(end_ns) OVER (ORDER BY start_ns) AS gap
                 FROM offcpu WHERE pid = ? AND tid = ? AND start_ns >= ? AND {_VOL})""",
             [gap_ns, pid, tid, from_ns],
         ).fetchone()
-        if row[0] == 0:
+        if row[0] == 0 or row[2] + gap_ns < settled_ns:
             return 2**63 - 1
         return row[1]
 
@@ -262,7 +266,9 @@ class StepFiller:
 
     def _set_frontier(self, cur, run_id, tid, pid, filled_idx, gap_ns, now_ns):
         """Write the thread's frontier for steps 0..filled_idx filled (-1: none)."""
-        cur.execute("DELETE FROM step_component_threads WHERE run_id = ? AND tid = ?", [run_id, tid])
+        cur.execute(
+            "DELETE FROM step_component_threads WHERE run_id = ? AND tid = ?", [run_id, tid]
+        )
         if filled_idx < 0:
             return
         start_ns, end_ns = cur.execute(
@@ -281,14 +287,18 @@ class StepFiller:
         ).fetchone()[0]
         at = todo_from if first is None else min(todo_from, first)
         cut = self._chain_begin_at_or_before(cur, pid, tid, at, gap_ns)
-        # A row starting before safe could join the lock chain of a filled step's row.
-        safe = cur.execute(
-            f"""SELECT min(start_ns) FILTER (gap > ? AND start_ns >= ?) FROM (
-                SELECT start_ns, start_ns - lag(end_ns) OVER (ORDER BY start_ns) AS gap
-                FROM offcpu WHERE pid = ? AND tid = ? AND start_ns >= ? AND {_VOL})""",
+        # A row starting before safe could overlap a filled step or join the
+        # lock chain of one of its rows: the first chain begin after the
+        # filled steps, else (the last chain is closed only by time) just
+        # past the reach of the thread's last chain row.
+        safe, last_end = cur.execute(
+            f"""SELECT min(start_ns) FILTER ((gap > ? OR gap IS NULL) AND start_ns >= ?), max(end_ns)
+                FROM (SELECT start_ns, end_ns, start_ns - lag(end_ns) OVER (ORDER BY start_ns) AS gap
+                      FROM offcpu WHERE pid = ? AND tid = ? AND start_ns >= ? AND {_VOL})""",
             [gap_ns, end_ns, pid, tid, cut],
-        ).fetchone()[0]
-        safe = end_ns if safe is None else safe
+        ).fetchone()
+        if safe is None:
+            safe = end_ns if last_end is None else max(end_ns, last_end + gap_ns + 1)
         cur.execute(
             "INSERT INTO step_component_threads VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [run_id, tid, pid, filled_idx, todo_from, cut, safe, gap_ns, now_ns],
