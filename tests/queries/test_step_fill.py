@@ -11,10 +11,10 @@ must wait.
 
 import duckdb
 import pytest
+from tests.queries.test_golden import CASES, HERE, render
 
 from stallscope.service.step_fill import StepFiller
 from stallscope.service.store import apply_schema
-from tests.queries.test_golden import CASES, HERE, render
 
 MS = 1_000_000
 FAR = 10**18  # a `now` after every step: no settling wait

@@ -21,7 +21,6 @@ import threading
 import time
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 log = logging.getLogger("stallscope.step_fill")
 
