@@ -234,8 +234,9 @@ class StepFiller:
     @staticmethod
     def _chain_begin_at_or_before(cur, pid, tid, at_ns, gap_ns):
         """Start of the latest lock-chain begin at or before at_ns (a chain row
-        more than gap_ns after its predecessor, or the thread's first); NS_MIN
-        when no chain row starts at or before at_ns. Searches back in doubling windows."""
+        more than gap_ns after its predecessor, or the thread's first); at_ns
+        itself when no chain row starts at or before it (rows from at_ns on
+        then see no chain before them either). Searches back in doubling windows."""
         window = 10_000_000_000
         while True:
             lo = max(at_ns - window, NS_MIN)
@@ -253,14 +254,14 @@ class StepFiller:
                 return begin
             if earlier == 0:  # the window holds the thread's first chain row (or none)
                 if found == 0:
-                    return NS_MIN
+                    return at_ns
                 return cur.execute(
                     f"SELECT min(start_ns) FROM offcpu WHERE pid = ? AND tid = ? AND start_ns >= ? "
                     f"AND {_VOL}",
                     [pid, tid, lo],
                 ).fetchone()[0]
             if lo == NS_MIN:
-                return NS_MIN
+                return at_ns
             window *= 2
 
     def _set_frontier(self, cur, run_id, tid, pid, filled_idx, gap_ns, now_ns):
