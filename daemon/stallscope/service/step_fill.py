@@ -37,6 +37,10 @@ KERNEL_SOURCES = {
     "irq_time": "start_ns",
 }
 RUN_SOURCES = {"gc_events": ("run_id",), "spans": ("run_id", "tid")}
+# Threads filled per cycle: each costs a few small queries, so a database
+# with very many step threads is filled over several cycles, never in one
+# long one.
+MAX_THREADS_PER_CYCLE = 64
 
 # Off-CPU rows that take part in lock chains (_offcpu_event's `vol`).
 _VOL = (
@@ -50,6 +54,7 @@ _TODO_SQL = """
 SELECT run_id, tid, any_value(pid) AS pid, min(step_idx) AS first_idx,
        max(step_idx) AS last_idx, max(step_idx) FILTER (end_ns <= ?) AS settled_idx
 FROM _step_todo GROUP BY run_id, tid
+ORDER BY settled_idx IS NULL, min(start_ns)
 """
 
 _FILL_SQL = """
@@ -82,6 +87,7 @@ class StepFiller:
         self._last_run_id = None
         self._stop = threading.Event()
         self._thread = None
+        self._cur = None  # the cursor of the cycle in progress (stop() interrupts it)
         self.cycles = 0
         self.steps_filled = 0
         self.steps_reset = 0
@@ -127,16 +133,25 @@ class StepFiller:
         self._thread.start()
 
     def stop(self):
+        """Stop the thread; a cycle in progress is interrupted (it rolls back)."""
         self._stop.set()
         self.store.remove_listener(self.note_batch)
+        cur = self._cur
+        if cur is not None:
+            try:
+                cur.interrupt()
+            except Exception:
+                pass
         if self._thread is not None:
-            self._thread.join(timeout=10)
+            self._thread.join(timeout=30)
 
     def _run(self):
         while not self._stop.wait(self.interval_s):
             try:
                 self.cycle()
             except Exception as exc:  # the daemon runs on; the views compute the rest
+                if self._stop.is_set():
+                    break  # interrupted by stop(): the cycle rolled back
                 self.last_error = str(exc)
                 log.warning("step_components fill failed: %s", exc)
 
@@ -150,7 +165,7 @@ class StepFiller:
         # later are checked next cycle, even if this cycle already saw them.
         self.store.flush()
         now_ns = time.monotonic_ns() if now_ns is None else now_ns
-        cur = self.store.cursor()
+        cur = self._cur = self.store.cursor()
         try:
             gap_ns = cur.execute("SELECT lock_chain_gap_ns FROM step_params").fetchone()[0]
             self._apply_late(cur, late, gap_ns)
@@ -160,12 +175,13 @@ class StepFiller:
             self.cycles += 1
             return filled
         finally:
+            self._cur = None
             cur.close()
 
     def _fill(self, cur, now_ns, gap_ns):
         todo = cur.execute(_TODO_SQL, [now_ns - self.settle_ns]).fetchall()
-        limits, more = [], False
-        for run_id, tid, pid, first_idx, last_idx, settled_idx in todo:
+        limits, more = [], len(todo) > MAX_THREADS_PER_CYCLE
+        for run_id, tid, pid, first_idx, last_idx, settled_idx in todo[:MAX_THREADS_PER_CYCLE]:
             more = more or settled_idx != last_idx
             if settled_idx is None:
                 continue
