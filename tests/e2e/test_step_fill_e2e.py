@@ -36,7 +36,9 @@ def traced_db(tmp_path_factory):
     reason = bcc_unavailable(["raw_syscalls:sys_enter", "exceptions:page_fault_user"])
     require_privileged(reason is None, f"requires root and bcc: {reason}")
     tmp_path = tmp_path_factory.mktemp("fill-e2e")
-    daemon = DaemonProcess(tmp_path, sched_backend="bcc", extra_args=["--deep"]).start()
+    daemon = DaemonProcess(
+        tmp_path, sched_backend="bcc", extra_args=["--deep", "--step-fill-interval-s", "1"]
+    ).start()
     try:
         scenario = subprocess.Popen(
             [sys.executable, "-m", "stallscope.demo.scenario", daemon.socket,

@@ -93,6 +93,7 @@ class Daemon:
         config=None,
         retention_limits=None,
         stop_event=None,
+        step_fill_interval_s=10.0,
     ):
         self.settings = settings or ProbeSettings()
         limit_allocator_caches()
@@ -102,7 +103,7 @@ class Daemon:
         self.store = Store(db_path, flush_interval_s=flush_interval_s)
         self.sink = StoreSink(self.store)
         self.coverage = Coverage(self.store)
-        self.step_fill = StepFiller(self.store)
+        self.step_fill = StepFiller(self.store, interval_s=step_fill_interval_s)
         self.probes = []
         self.extra_pids = set(pids)
         # The CLI passes stopping.STOP, set by SIGTERM from the first moment.

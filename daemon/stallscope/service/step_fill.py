@@ -76,7 +76,7 @@ LEFT JOIN sc ON sc.run_id = s.run_id AND sc.tid = s.tid AND sc.step_idx = s.step
 class StepFiller:
     """Fills step_components from a cursor of the daemon's database."""
 
-    def __init__(self, store, interval_s=1.0, settle_ns=2_000_000_000):
+    def __init__(self, store, interval_s=10.0, settle_ns=2_000_000_000):
         self.store = store
         self.interval_s = interval_s
         self.settle_ns = int(settle_ns)
