@@ -97,7 +97,8 @@ class StepFiller:
     def note_batch(self, table, batch):
         """Remember the earliest row per key of a stored batch (late-row check)."""
         if table in KERNEL_SOURCES:
-            keys, tag = ["pid", "tid"], "k"
+            # off-CPU rows can also join a lock chain: they have their own threshold
+            keys, tag = ["pid", "tid"], ("o" if table == "offcpu" else "k")
             col = KERNEL_SOURCES[table]
         elif table in RUN_SOURCES:
             keys, tag, col = list(RUN_SOURCES[table]), ("r" if table == "gc_events" else "s"), None
@@ -324,7 +325,7 @@ class StepFiller:
     def _apply_late(self, cur, late, gap_ns):
         """Take threads back before the lock chain a late row touches."""
         frontier = cur.execute(
-            "SELECT run_id, tid, pid, safe_ns FROM step_component_threads"
+            "SELECT run_id, tid, pid, todo_from_ns, safe_ns FROM step_component_threads"
         ).fetchall()
         if not frontier:
             self._last_run_id = cur.execute("SELECT max(run_id) FROM runs").fetchone()[0]
@@ -335,22 +336,31 @@ class StepFiller:
             if at < resets.get(thread, 2**63):
                 resets[thread] = at
 
-        for run_id, tid, pid, safe in frontier:
-            for key in (("k", pid, tid), ("r", run_id), ("s", run_id, tid)):
+        for run_id, tid, pid, todo_from, safe in frontier:
+            # a row starting before todo_from may overlap a filled step; an
+            # off-CPU row before safe may also join the lock chain of one's row
+            for key, limit in (
+                (("o", pid, tid), safe),
+                (("k", pid, tid), todo_from),
+                (("r", run_id), todo_from),
+                (("s", run_id, tid), todo_from),
+            ):
                 at = late.get(key)
-                if at is not None and at < safe:
+                if at is not None and at < limit:
                     reset((run_id, tid, pid), at)
         # A new run makes its pid a traced process: earlier off-CPU rows that
         # named it now read as 'peer' and carry its run.
         last = self._last_run_id if self._last_run_id is not None else -1
-        for (pid,) in cur.execute("SELECT pid FROM runs WHERE run_id > ?", [last]).fetchall():
+        new_runs = cur.execute("SELECT run_id, pid FROM runs WHERE run_id > ?", [last]).fetchall()
+        for new_run_id, pid in new_runs:
+            self._last_run_id = max(new_run_id, last)
+            last = self._last_run_id
             for run_id, tid, tpid, at in cur.execute(
                 "SELECT run_id, tid, pid, min(start_ns) FROM step_components "
                 "WHERE list_contains(who_pids, ?) AND pid IS DISTINCT FROM ? GROUP BY ALL",
                 [pid, pid],
             ).fetchall():
                 reset((run_id, tid, tpid), at)
-        self._last_run_id = cur.execute("SELECT max(run_id) FROM runs").fetchone()[0]
         if not resets:
             return
         cur.execute("BEGIN TRANSACTION")
@@ -373,4 +383,4 @@ class StepFiller:
         except Exception:
             cur.execute("ROLLBACK")
             raise
-        log.info("step_components: %d late rows took %d threads back", len(resets), len(resets))
+        log.debug("step_components: late rows took %d threads back", len(resets))
