@@ -41,6 +41,8 @@ RUN_SOURCES = {"gc_events": ("run_id",), "spans": ("run_id", "tid")}
 # with very many step threads is filled over several cycles, never in one
 # long one.
 MAX_THREADS_PER_CYCLE = 64
+# Longest wait between cycles after failures (doubling from the interval).
+MAX_RETRY_S = 600.0
 
 # Off-CPU rows that take part in lock chains (_offcpu_event's `vol`).
 _VOL = (
@@ -147,14 +149,19 @@ class StepFiller:
             self._thread.join(timeout=30)
 
     def _run(self):
-        while not self._stop.wait(self.interval_s):
+        wait_s = self.interval_s
+        while not self._stop.wait(wait_s):
             try:
                 self.cycle()
+                wait_s = self.interval_s
             except Exception as exc:  # the daemon runs on; the views compute the rest
                 if self._stop.is_set():
                     break  # interrupted by stop(): the cycle rolled back
                 self.last_error = str(exc)
-                log.warning("step_components fill failed: %s", exc)
+                # a cycle that fails (e.g. out of memory on a large backlog)
+                # is not retried at full rate
+                wait_s = min(wait_s * 2, MAX_RETRY_S)
+                log.warning("step_components fill failed (next try in %.0f s): %s", wait_s, exc)
 
     # ----- one cycle ----------------------------------------------------------
     def cycle(self, now_ns=None):
