@@ -75,7 +75,10 @@ WHERE coalesce(getvariable('step_components_table'), true)
 -- The steps not filled yet (all of them without the filler), with the
 -- columns the interval joins need: a thread's steps from its todo_from_ns
 -- on, numbered on from filled_idx (the same numbers as _step's, without
--- numbering the thread's whole history again).
+-- numbering the thread's whole history again). The daemon's filler alone
+-- sets _step_fill_until_ns, to compute a backlog a slice at a time: steps
+-- starting after it are left out (never set it in a session: those steps
+-- would get no components).
 CREATE OR REPLACE VIEW _step_todo AS
 SELECT s.run_id, coalesce(r.pid, -s.run_id) AS pid, s.tid, s.start_ns, s.end_ns,
        f.filled_idx + row_number() OVER (PARTITION BY s.run_id, s.tid ORDER BY s.start_ns, s.seq) AS step_idx
@@ -83,10 +86,12 @@ FROM spans s
 JOIN _step_frontier f ON f.run_id = s.run_id AND f.tid = s.tid AND s.start_ns >= f.todo_from_ns
 LEFT JOIN runs r ON r.run_id = s.run_id
 WHERE s.kind = 'step' AND s.start_ns IS NOT NULL AND s.end_ns >= s.start_ns
+  AND s.start_ns <= coalesce(getvariable('_step_fill_until_ns'), 9223372036854775807)
 UNION ALL
 SELECT s.run_id, coalesce(r.pid, -s.run_id) AS pid, s.tid, s.start_ns, s.end_ns,
        row_number() OVER (PARTITION BY s.run_id, s.tid ORDER BY s.start_ns, s.seq) - 1 AS step_idx
-FROM (SELECT * FROM spans WHERE kind = 'step' AND start_ns IS NOT NULL AND end_ns >= start_ns) s
+FROM (SELECT * FROM spans WHERE kind = 'step' AND start_ns IS NOT NULL AND end_ns >= start_ns
+      AND start_ns <= coalesce(getvariable('_step_fill_until_ns'), 9223372036854775807)) s
 ANTI JOIN _step_frontier f ON f.run_id = s.run_id AND f.tid = s.tid
 LEFT JOIN runs r ON r.run_id = s.run_id;
 

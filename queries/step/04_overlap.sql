@@ -26,7 +26,8 @@ CREATE OR REPLACE MACRO _offcpu_event_of(scoped) AS TABLE
 WITH p AS (SELECT * FROM step_params),
 src AS (
     SELECT * FROM offcpu
-    WHERE NOT scoped OR start_ns >= (SELECT offcpu_from_ns FROM _step_todo_bound)
+    WHERE NOT scoped OR (start_ns >= (SELECT offcpu_from_ns FROM _step_todo_bound)
+                         AND start_ns <= coalesce(getvariable('_step_fill_until_ns'), 9223372036854775807))
 ), vol AS (    -- off-CPU rows of a probe that reports wake-ups and preemptors (none
             -- in older data): a chain runs through timed-out waits, waits
             -- with an unknown waker and preemptions, to a thread's wake-up
@@ -154,7 +155,8 @@ WITH steps AS (
     SELECT * FROM _step_cover WHERE NOT scoped UNION ALL SELECT * FROM _step_todo_cover WHERE scoped
 ), hit AS (   -- the step whose span contains each row's start (bucket equi-join)
     SELECT i.*, c.run_id, c.step_idx, c.start_ns, c.end_ns
-    FROM (SELECT * FROM _step_interval_of(scoped) WHERE src BETWEEN src_lo AND src_hi) i
+    FROM (SELECT * FROM _step_interval_of(scoped) WHERE src BETWEEN src_lo AND src_hi
+          AND (NOT scoped OR xs <= coalesce(getvariable('_step_fill_until_ns'), 9223372036854775807))) i
     CROSS JOIN bucket b
     LEFT JOIN cover c
       ON c.pid = i.pid AND c.tid = i.tid AND c.bucket = i.xs // b.bucket_ns

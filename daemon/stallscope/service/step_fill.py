@@ -41,6 +41,12 @@ RUN_SOURCES = {"gc_events": ("run_id",), "spans": ("run_id", "tid")}
 # with very many step threads is filled over several cycles, never in one
 # long one.
 MAX_THREADS_PER_CYCLE = 64
+# A backlog (a database filled by an older release, a daemon that was
+# down) is filled this much run time per cycle, so that a cycle's memory
+# stays within the daemon's DuckDB limit; cycles then follow each other
+# after BACKLOG_PAUSE_S.
+BACKLOG_SLICE_NS = 60_000_000_000
+BACKLOG_PAUSE_S = 0.5
 # Longest wait between cycles after failures (doubling from the interval).
 MAX_RETRY_S = 600.0
 
@@ -86,6 +92,8 @@ class StepFiller:
         self._late = {}  # ('k', pid, tid) | ('r', run_id) | ('s', run_id, tid) -> min start
         self._dirty = True  # spans arrived (or start-up): steps may be waiting
         self._more = True  # the last fill left steps to settle
+        self.backlog = False  # the last fill stopped at its slice: more right away
+        self._slice_ns = BACKLOG_SLICE_NS  # doubled while a slice fills nothing
         self._last_run_id = None
         self._stop = threading.Event()
         self._thread = None
@@ -153,7 +161,7 @@ class StepFiller:
         while not self._stop.wait(wait_s):
             try:
                 self.cycle()
-                wait_s = self.interval_s
+                wait_s = BACKLOG_PAUSE_S if self.backlog else self.interval_s
             except Exception as exc:  # the daemon runs on; the views compute the rest
                 if self._stop.is_set():
                     break  # interrupted by stop(): the cycle rolled back
@@ -177,7 +185,7 @@ class StepFiller:
         try:
             gap_ns = cur.execute("SELECT lock_chain_gap_ns FROM step_params").fetchone()[0]
             self._apply_late(cur, late, gap_ns)
-            if not dirty and not self._more and not late:
+            if not dirty and not self._more and not self.backlog and not late:
                 return 0  # nothing arrived and nothing waits: no work while idle
             filled, self._more = self._fill(cur, now_ns, gap_ns)
             self.cycles += 1
@@ -187,14 +195,31 @@ class StepFiller:
             cur.close()
 
     def _fill(self, cur, now_ns, gap_ns):
-        todo = cur.execute(_TODO_SQL, [now_ns - self.settle_ns]).fetchall()
+        first = cur.execute("SELECT first_ns FROM _step_todo_bound").fetchone()[0]
+        until = min(first + self._slice_ns, 2**63 - 1)
+        self.backlog = until < now_ns - self.settle_ns
+        # this cursor's views see the steps (and off-CPU rows) starting up to `until` only
+        cur.execute("SET VARIABLE _step_fill_until_ns = ?", [until])
+        try:
+            filled, more = self._fill_until(cur, now_ns, gap_ns, until)
+        finally:
+            cur.execute("RESET VARIABLE _step_fill_until_ns")
+        # a slice whose lock chains all run past its end fills nothing: widen it
+        self._slice_ns = self._slice_ns * 2 if self.backlog and not filled else BACKLOG_SLICE_NS
+        return filled, more
+
+    def _fill_until(self, cur, now_ns, gap_ns, until):
+        settled_ns = min(until, now_ns - self.settle_ns)
+        todo = cur.execute(_TODO_SQL, [settled_ns]).fetchall()
         limits, more = [], len(todo) > MAX_THREADS_PER_CYCLE
         for run_id, tid, pid, first_idx, last_idx, settled_idx in todo[:MAX_THREADS_PER_CYCLE]:
             more = more or settled_idx != last_idx
             if settled_idx is None:
                 continue
             cut = self._cut_of(cur, run_id, tid)
-            closed = self._last_chain_begin(cur, pid, tid, cut, gap_ns, now_ns - self.settle_ns)
+            closed = self._last_chain_begin(
+                cur, pid, tid, cut, until, gap_ns, None if self.backlog else settled_ns
+            )
             fill_idx = settled_idx
             if closed is not None:  # the thread has chain rows: fill up to the last closed chain
                 row = cur.execute(
@@ -239,19 +264,23 @@ class StepFiller:
         return NS_MIN if row is None or row[0] is None else row[0]
 
     @staticmethod
-    def _last_chain_begin(cur, pid, tid, from_ns, gap_ns, settled_ns):
-        """Start of the thread's last lock-chain begin from from_ns (a chain
-        boundary) on: a chain row more than gap_ns after its predecessor, or
-        the first row; the chains before it are closed. +inf when the thread
-        has no chain rows, or its last one ended before settled_ns (a row
-        that extends it now is a late row, which takes its steps back)."""
+    def _last_chain_begin(cur, pid, tid, from_ns, upto_ns, gap_ns, settled_ns):
+        """Start of the thread's last lock-chain begin in [from_ns, upto_ns]
+        (from_ns is a chain boundary): a chain row more than gap_ns after its
+        predecessor, or the first row; the chains before it are closed.
+        +inf when the thread has no chain rows there, or (settled_ns given:
+        no rows follow but late ones) its last one ended before settled_ns:
+        a row that extends it now is a late row, which takes its steps back."""
         row = cur.execute(
             f"""SELECT count(*), max(start_ns) FILTER (gap > ? OR gap IS NULL), max(end_ns) FROM (
                 SELECT start_ns, end_ns, start_ns - lag(end_ns) OVER (ORDER BY start_ns) AS gap
-                FROM offcpu WHERE pid = ? AND tid = ? AND start_ns >= ? AND {_VOL})""",
-            [gap_ns, pid, tid, from_ns],
+                FROM offcpu WHERE pid = ? AND tid = ? AND start_ns >= ? AND start_ns <= ?
+                AND {_VOL})""",
+            [gap_ns, pid, tid, from_ns, upto_ns],
         ).fetchone()
-        if row[0] == 0 or row[2] + gap_ns < settled_ns:
+        if row[0] == 0:
+            return 2**63 - 1
+        if settled_ns is not None and row[2] + gap_ns < settled_ns:
             return 2**63 - 1
         return row[1]
 
