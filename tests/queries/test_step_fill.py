@@ -13,6 +13,7 @@ import duckdb
 import pytest
 from tests.queries.test_golden import CASES, HERE, render
 
+from stallscope.service import step_fill
 from stallscope.service.step_fill import StepFiller
 from stallscope.service.store import apply_schema
 
@@ -255,3 +256,21 @@ def test_other_parameters_ignore_the_table():
     assert rows(con, ATTR) == recomputed(con, ATTR)
     con.execute("RESET VARIABLE step_lock_chain_gap_ns")
     assert con.execute("SELECT count(*) FROM _step_frontier").fetchone()[0] == 2
+
+
+@pytest.mark.parametrize("fixture", ["kernel", "engines"])
+def test_backlog_filled_slice_by_slice(fixture, monkeypatch):
+    # slices of 50 ms of run time: many cycles, each seeing part of the rows
+    monkeypatch.setattr(step_fill, "BACKLOG_SLICE_NS", 50 * MS)
+    con = fixture_db(fixture)
+    expected = recomputed(con, ALL_STEP_VIEWS)
+    filler = StepFiller(FakeStore(con), settle_ns=0)
+    cycles = 0
+    while True:
+        filler.cycle(now_ns=FAR)
+        cycles += 1
+        if not filler.backlog or cycles > 500:
+            break
+    assert cycles > 5
+    assert filled(con) == con.execute("SELECT count(*) FROM _step").fetchone()[0]
+    assert rows(con, ALL_STEP_VIEWS) == expected
