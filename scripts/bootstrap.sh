@@ -20,7 +20,9 @@ cd "$(dirname "$0")/.."
 say() { printf 'bootstrap: %s\n' "$*" >&2; }
 
 PY=${PYTHON:-python3}
-DEB_PKGS=(python3-bpfcc linux-headers-amd64 linux-perf stress-ng systemd)
+# prometheus: the real server tests/metrics scrapes the daemon with (the
+# test fails without it under STALLSCOPE_REQUIRE_PRIVILEGED=1, as in CI).
+DEB_PKGS=(python3-bpfcc linux-headers-amd64 linux-perf stress-ng systemd prometheus)
 
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   missing=()

@@ -43,6 +43,14 @@ MAX_CONCURRENT_QUERIES = 2
 # this often to notice a cancelled client.
 STREAM_WAKE_S = 0.25
 MAX_EVENTS_PER_MESSAGE = 4096
+# Subscribers inside the daemon (the stall detector; /metrics counting its
+# alerts): not event streams, so not counted as watchers, limited or reported.
+INTERNAL_SUBSCRIBERS = frozenset({"stall-detector", "metrics"})
+
+
+def _streams(fanout):
+    """The fanout's StreamEvents subscribers (internal ones left out)."""
+    return [s for s in fanout.subscribers if s.name not in INTERNAL_SUBSCRIBERS]
 
 
 def _read(path):
@@ -75,7 +83,7 @@ class StallscopeServicer(pb_grpc.StallscopeServicer):
 
     # ----- StreamEvents -------------------------------------------------------------
     def StreamEvents(self, request, context):
-        if len(self.fanout.subscribers) >= MAX_SUBSCRIBERS + 1:  # +1: the detector
+        if len(_streams(self.fanout)) >= MAX_SUBSCRIBERS:
             context.abort(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
                 f"at most {MAX_SUBSCRIBERS} event streams at once",
@@ -260,8 +268,11 @@ class StallscopeServicer(pb_grpc.StallscopeServicer):
         st.rows_written = store.rows_written
         st.rows_lost = store.rows_lost
         st.pending_rows = store.pending_rows
-        st.subscribers = max(0, len(self.fanout.subscribers) - 1)
-        st.stream_events_dropped = self.fanout.dropped_total() - self.detector.dropped
+        st.subscribers = len(_streams(self.fanout))
+        internal = [s for s in self.fanout.subscribers if s.name in INTERNAL_SUBSCRIBERS]
+        st.stream_events_dropped = self.fanout.dropped_total() - sum(
+            s.dropped_total for s in internal
+        )
         try:
             st.losses_recorded = self._sql("SELECT coalesce(sum(count), 0) FROM losses")[0][0]
         except Exception:
@@ -316,7 +327,7 @@ class ApiServer:
     def live_subscribers(self):
         """Open StreamEvents streams (the stall detector not counted): the daemon
         may decode more often while someone watches (bench/results/api.md)."""
-        return max(0, len(self.fanout.subscribers) - 1)
+        return len(_streams(self.fanout))
 
     def stop(self, grace=0.5):
         """NOT_SERVING first (Health.Watch clients hear it), then streams end

@@ -199,6 +199,7 @@ class RecordDecoder:
             stages, bad_s = lookup(spans["a"])
             if bad_k or bad_s:
                 self._reject(run_id, run.pid, "unknown_string_id", bad_k + bad_s)
+            self._note_span_threads(run, spans["tid"])
             self.store.append(
                 "spans",
                 {
@@ -234,6 +235,17 @@ class RecordDecoder:
                 },
             )
         run.records += len(spans) + len(gcs)
+
+    def _note_span_threads(self, run, tids):
+        """Tell `on_step_threads(pid, tids)` of threads new to this run's spans
+        (the scheduling probe keeps exact rows for them)."""
+        known = self.__dict__.setdefault("_span_tids", {}).setdefault(run.pid, set())
+        new = set(np.unique(tids).tolist()) - known
+        if new:
+            known |= new
+            hook = getattr(self, "on_step_threads", None)
+            if hook is not None:
+                hook(run.pid, sorted(new))
 
     def _span_ext(self, run, recs, is_span, counts, n_spans):
         """Work and idle of each span from the SPAN_EXT record right after it
