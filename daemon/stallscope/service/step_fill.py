@@ -218,7 +218,7 @@ class StepFiller:
                 continue
             cut = self._cut_of(cur, run_id, tid)
             closed = self._last_chain_begin(
-                cur, pid, tid, cut, until, gap_ns, None if self.backlog else settled_ns
+                cur, pid, tid, cut, until, gap_ns, now_ns - self.settle_ns
             )
             fill_idx = settled_idx
             if closed is not None:  # the thread has chain rows: fill up to the last closed chain
@@ -268,21 +268,24 @@ class StepFiller:
         """Start of the thread's last lock-chain begin in [from_ns, upto_ns]
         (from_ns is a chain boundary): a chain row more than gap_ns after its
         predecessor, or the first row; the chains before it are closed.
-        +inf when the thread has no chain rows there, or (settled_ns given:
-        no rows follow but late ones) its last one ended before settled_ns:
-        a row that extends it now is a late row, which takes its steps back."""
+        +inf when the thread has no chain rows there, or when its last chain
+        row of all starts by upto_ns and ended more than gap_ns before
+        settled_ns: a row that extends it now is a late row, which takes its
+        steps back."""
         row = cur.execute(
-            f"""SELECT count(*), max(start_ns) FILTER (gap > ? OR gap IS NULL), max(end_ns) FROM (
+            f"""SELECT count(*) FILTER (start_ns <= ?),
+                       max(start_ns) FILTER ((gap > ? OR gap IS NULL) AND start_ns <= ?),
+                       max(end_ns), max(start_ns) FROM (
                 SELECT start_ns, end_ns, start_ns - lag(end_ns) OVER (ORDER BY start_ns) AS gap
-                FROM offcpu WHERE pid = ? AND tid = ? AND start_ns >= ? AND start_ns <= ?
-                AND {_VOL})""",
-            [gap_ns, pid, tid, from_ns, upto_ns],
+                FROM offcpu WHERE pid = ? AND tid = ? AND start_ns >= ? AND {_VOL})""",
+            [upto_ns, gap_ns, upto_ns, pid, tid, from_ns],
         ).fetchone()
-        if row[0] == 0:
+        count, begin, last_end, last_start = row
+        if count == 0:
             return 2**63 - 1
-        if settled_ns is not None and row[2] + gap_ns < settled_ns:
+        if last_start <= upto_ns and last_end + gap_ns < settled_ns:
             return 2**63 - 1
-        return row[1]
+        return begin
 
     @staticmethod
     def _chain_begin_at_or_before(cur, pid, tid, at_ns, gap_ns):
