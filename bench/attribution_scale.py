@@ -5,12 +5,19 @@ intervals, run-queue waits, migrations, GC passes and 10 Hz NVML samples
 shaped like a serving
 run (steps of ~5 ms with a rare slow one; most kernel rows on the step
 threads, the rest on other threads of the same processes), loads them into
-an in-memory DuckDB through Arrow, creates the views and times a full
-aggregate over `step_attribution`. It measures; it asserts nothing about time.
+an in-memory DuckDB through Arrow, creates the views, fills
+`step_components` as the daemon does (service/step_fill.py: everything but
+the last second of steps in one cycle, then one cycle for that last second,
+both timed) and times a full aggregate over `step_attribution`, read three
+ways, interleaved: `table` (the shipped views: stored rows for the filled
+steps), `recompute` (the same views with `step_components_table = false`:
+every step from the source tables) and, with --versus, another queries/
+directory (e.g. the views before step_components: `git archive <commit>
+queries | tar -x -C /tmp/old`). It measures; it asserts nothing about time,
+and warns if the three give different rows.
 
     .venv/bin/python bench/attribution_scale.py [--scales 0.1,0.25,1] [--repeat 3]
-        [--versus DIR]   # also time the views of another queries/ directory,
-                         # interleaved with these, on the same data
+        [--versus DIR] [--no-fill]
 
 Wall time depends on what else runs on the machine; CPU time (all threads of
 this process) much less, so both are printed.
@@ -29,6 +36,7 @@ import numpy as np
 import pyarrow as pa
 
 from stallscope.analysis import views
+from stallscope.service.step_fill import StepFiller
 from stallscope.service.store import apply_schema
 
 STEP_NS = 5_000_000
@@ -180,10 +188,36 @@ def load_views(con, queries_dir):
             os.environ["STALLSCOPE_QUERIES"] = old
 
 
-def timed(con):
+def timed(con, sql=QUERY, params=None):
     w0, c0 = time.perf_counter(), time.process_time()
-    row = con.execute(QUERY).fetchone()
+    row = con.execute(sql, params or []).fetchone()
     return time.perf_counter() - w0, time.process_time() - c0, row
+
+
+class _Store:
+    """What the filler needs of the daemon's Store: a cursor, a flush."""
+
+    def __init__(self, con):
+        self.con = con
+
+    def flush(self):
+        pass
+
+    def cursor(self):
+        return self.con.cursor()
+
+
+def fill(con):
+    """Fill step_components up to 1 s before the last step's end, then that
+    last second; returns (wall s, CPU s, steps) of each cycle."""
+    last = con.execute("SELECT max(end_ns) FROM spans").fetchone()[0]
+    filler = StepFiller(_Store(con), settle_ns=0)
+    out = []
+    for now_ns in (last - 1_000_000_000, last + 1):
+        w0, c0 = time.perf_counter(), time.process_time()
+        n = filler.cycle(now_ns=now_ns)
+        out.append((time.perf_counter() - w0, time.process_time() - c0, n))
+    return out
 
 
 def main():
@@ -191,12 +225,14 @@ def main():
     ap.add_argument("--scales", default="0.1,0.25,1")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--versus", default=None, help="another queries/ directory to time alongside")
+    ap.add_argument("--no-fill", action="store_true", help="leave step_components empty")
     args = ap.parse_args()
     print(
         f"machine: {platform.machine()}, {os.cpu_count()} CPUs, duckdb {duckdb.__version__}, "
         f"load average at start {os.getloadavg()[0]:.1f}"
     )
-    variants = [("this", None)] + ([("versus", args.versus)] if args.versus else [])
+    variants = [("table", None), ("recompute", None)]
+    variants += [("versus", args.versus)] if args.versus else []
     print(
         "| views | scale | steps | offcpu | gc | median wall s | median CPU s | wall runs (s) | slow steps |"
     )
@@ -209,15 +245,26 @@ def main():
             con.register("_t", tbl)
             con.execute(f'INSERT INTO "{name}" BY NAME SELECT * FROM _t')
             con.unregister("_t")
+        load_views(con, None)
+        if not args.no_fill:
+            (bw, bc, bn), (iw, ic, i_n) = fill(con)
+            print(
+                f"fill at scale {scale}: {bn:,} steps in one cycle {bw:.2f} s wall {bc:.2f} s CPU; "
+                f"then the last second's {i_n:,} steps {iw:.2f} s wall {ic:.2f} s CPU",
+                flush=True,
+            )
         results = {v: [] for v, _ in variants}
         rows = {}
         for _ in range(args.repeat):
-            for v, d in variants:  # interleaved, so both see the same machine load
+            for v, d in variants:  # interleaved, so all see the same machine load
                 load_views(con, d)
+                if v == "recompute":
+                    con.execute("SET VARIABLE step_components_table = false")
                 wall, cpu, row = timed(con)
+                con.execute("RESET VARIABLE step_components_table")
                 results[v].append((wall, cpu))
                 rows[v] = row
-        if len(rows) == 2 and rows["this"] != rows["versus"]:
+        if len(set(rows.values())) > 1:
             print(f"WARNING: results differ: {rows}")
         for v, _ in variants:
             walls = [w for w, _ in results[v]]

@@ -20,15 +20,21 @@
 -- until the holder wakes it. A chain whose end names no thread takes the
 -- thread wake-up that began it (the sibling that woke the step and then
 -- kept the GIL).
-CREATE OR REPLACE VIEW _offcpu_event AS
+-- Scoped (see _step_todo_bound): only the rows from offcpu_from_ns on, which
+-- hold every lock chain of the rows that overlap unfilled steps.
+CREATE OR REPLACE MACRO _offcpu_event_of(scoped) AS TABLE
 WITH p AS (SELECT * FROM step_params),
-vol AS (    -- off-CPU rows of a probe that reports wake-ups and preemptors (none
+src AS (
+    SELECT * FROM offcpu
+    WHERE NOT scoped OR (start_ns >= (SELECT offcpu_from_ns FROM _step_todo_bound)
+                         AND start_ns <= coalesce(getvariable('_step_fill_until_ns'), 9223372036854775807))
+), vol AS (    -- off-CPU rows of a probe that reports wake-ups and preemptors (none
             -- in older data): a chain runs through timed-out waits, waits
             -- with an unknown waker and preemptions, to a thread's wake-up
     SELECT pid, tid, start_ns, end_ns, waker_pid, waker_tid, waker_comm, preempted,
            lead(start_ns) OVER (PARTITION BY pid, tid ORDER BY start_ns) - end_ns AS gap_after,
            start_ns - lag(end_ns) OVER (PARTITION BY pid, tid ORDER BY start_ns) AS gap_before
-    FROM offcpu
+    FROM src
     WHERE end_ns > start_ns AND resolution_ns IS NULL
       AND (wakeup_ns IS NOT NULL OR waker_tid IS NOT NULL OR waker_irq OR preemptor_pid IS NOT NULL)
 ), chain AS (
@@ -69,11 +75,13 @@ SELECT o.pid, o.tid, o.start_ns, o.end_ns, o.preempted,
         WHEN t.run_id IS NOT NULL AND coalesce(o.waker_pid, e.waker_pid) <> o.pid THEN 'peer'
         ELSE 'blocked'
     END AS cls
-FROM offcpu o
+FROM src o
 LEFT JOIN eff1 e ON e.pid = o.pid AND e.tid = o.tid AND e.start_ns = o.start_ns
 LEFT JOIN traced t
   ON t.pid = CASE WHEN o.preempted THEN o.preemptor_pid ELSE coalesce(o.waker_pid, e.waker_pid) END
 WHERE o.end_ns > o.start_ns AND o.resolution_ns IS NULL;
+
+CREATE OR REPLACE VIEW _offcpu_event AS SELECT * FROM _offcpu_event_of(false);
 
 -- Kernel rows with resolution_ns set are the /proc backend's per-window
 -- totals, not intervals: they cannot be placed in a step and are left out.
@@ -88,58 +96,81 @@ WHERE o.end_ns > o.start_ns AND o.resolution_ns IS NULL;
 -- (off-CPU), n (GC: objects collected; syscalls, page faults: count),
 -- v_ns (syscalls: total_ns; page faults: cost_ns), label (off-CPU: who's
 -- comm; syscalls: the name).
-CREATE OR REPLACE VIEW _step_interval AS
+-- Scoped: only rows that end at or after _step_todo_bound.first_ns (the
+-- others overlap no unfilled step).
+CREATE OR REPLACE MACRO _step_interval_of(scoped) AS TABLE
+WITH bound AS (SELECT * FROM _step_todo_bound WHERE scoped),
+threads AS (
+    SELECT * FROM _step_thread WHERE NOT scoped
+    UNION ALL SELECT DISTINCT run_id, pid, tid FROM _step_todo WHERE scoped
+)
 SELECT t.pid, t.tid, 0::UTINYINT AS src, g.generation, NULL::BOOLEAN AS preempted,
        g.collected AS n, NULL::BIGINT AS v_ns, g.start_ns AS xs, g.end_ns AS xe,
        NULL::BIGINT AS wake_ns, NULL::INTEGER AS who_pid, NULL::INTEGER AS who_tid,
        NULL::BIGINT AS who_run_id, NULL::VARCHAR AS label, NULL::VARCHAR AS cls
-FROM gc_events g JOIN _step_thread t USING (run_id)
-WHERE g.end_ns > g.start_ns
+FROM gc_events g JOIN threads t USING (run_id)
+WHERE g.end_ns > g.start_ns AND (NOT scoped OR g.end_ns >= (SELECT first_ns FROM bound))
 UNION ALL
 SELECT pid, tid, 1::UTINYINT, NULL, preempted, NULL, NULL, start_ns, end_ns,
        wakeup_ns, who_pid, who_tid, who_run_id, who_comm, cls
-FROM _offcpu_event
+FROM _offcpu_event_of(scoped)
+WHERE NOT scoped OR end_ns >= (SELECT first_ns FROM bound)
 UNION ALL
 SELECT pid, tid, 2::UTINYINT, NULL, NULL, NULL, NULL, start_ns, end_ns, NULL, NULL, NULL, NULL, NULL, NULL
 FROM runq WHERE end_ns > start_ns AND resolution_ns IS NULL
+  AND (NOT scoped OR end_ns >= (SELECT first_ns FROM bound))
 UNION ALL
 SELECT pid, tid, 3::UTINYINT, NULL, NULL, NULL, NULL, ts_ns, ts_ns, NULL, NULL, NULL, NULL, NULL, NULL
 FROM migrations WHERE from_cpu IS DISTINCT FROM to_cpu AND resolution_ns IS NULL
+  AND (NOT scoped OR ts_ns >= (SELECT first_ns FROM bound))
 UNION ALL
 SELECT pid, tid, 4::UTINYINT, NULL, NULL, coalesce(count, 1), coalesce(total_ns, end_ns - start_ns),
        start_ns, end_ns, NULL, NULL, NULL, NULL, name, NULL
-FROM syscalls WHERE end_ns >= start_ns
+FROM syscalls WHERE end_ns >= start_ns AND (NOT scoped OR end_ns >= (SELECT first_ns FROM bound))
 UNION ALL
 SELECT pid, tid, 5::UTINYINT, NULL, NULL, count, cost_ns, start_ns, end_ns,
        NULL, NULL, NULL, NULL, NULL, NULL
-FROM page_faults WHERE end_ns >= start_ns
+FROM page_faults WHERE end_ns >= start_ns AND (NOT scoped OR end_ns >= (SELECT first_ns FROM bound))
 UNION ALL
 SELECT pid, tid, 6::UTINYINT, NULL, NULL, NULL, NULL, start_ns, end_ns,
        NULL, NULL, NULL, NULL, kind, NULL
-FROM irq_time WHERE end_ns > start_ns;
+FROM irq_time WHERE end_ns > start_ns AND (NOT scoped OR end_ns >= (SELECT first_ns FROM bound));
+
+CREATE OR REPLACE VIEW _step_interval AS SELECT * FROM _step_interval_of(false);
 
 -- Every (source row, step) pair that overlaps (for instants: the step that
 -- contains the instant), with the intersection [a_ns, b_ns], for the
 -- sources src_lo..src_hi: a table macro, so that a reader of one source
--- (the GC passes, the syscalls) does not map every source's rows.
-CREATE OR REPLACE MACRO _step_overlap_of(src_lo, src_hi) AS TABLE
-WITH hit AS (   -- the step whose span contains each row's start (bucket equi-join)
+-- (the GC passes, the syscalls) does not map every source's rows. Scoped:
+-- the pairs of the unfilled steps (_step_todo) only.
+CREATE OR REPLACE MACRO _step_overlap_of(src_lo, src_hi, scoped) AS TABLE
+WITH steps AS (
+    SELECT run_id, pid, tid, start_ns, end_ns, step_idx FROM _step WHERE NOT scoped
+    UNION ALL SELECT run_id, pid, tid, start_ns, end_ns, step_idx FROM _step_todo WHERE scoped
+), threads AS (   -- each thread's first step (0 unless scoped)
+    SELECT run_id, pid, tid, min(step_idx) AS first_idx FROM steps GROUP BY ALL
+), bucket AS (
+    SELECT * FROM _step_bucket WHERE NOT scoped UNION ALL SELECT * FROM _step_todo_bucket WHERE scoped
+), cover AS (
+    SELECT * FROM _step_cover WHERE NOT scoped UNION ALL SELECT * FROM _step_todo_cover WHERE scoped
+), hit AS (   -- the step whose span contains each row's start (bucket equi-join)
     SELECT i.*, c.run_id, c.step_idx, c.start_ns, c.end_ns
-    FROM (SELECT * FROM _step_interval WHERE src BETWEEN src_lo AND src_hi) i
-    CROSS JOIN _step_bucket b
-    LEFT JOIN _step_cover c
+    FROM (SELECT * FROM _step_interval_of(scoped) WHERE src BETWEEN src_lo AND src_hi
+          AND (NOT scoped OR xs <= coalesce(getvariable('_step_fill_until_ns'), 9223372036854775807))) i
+    CROSS JOIN bucket b
+    LEFT JOIN cover c
       ON c.pid = i.pid AND c.tid = i.tid AND c.bucket = i.xs // b.bucket_ns
      AND i.xs >= c.start_ns AND i.xs < c.end_ns
 ), rest AS (    -- starts outside every step, or reaches past its step's end
-    SELECT h.* EXCLUDE (run_id, step_idx, start_ns, end_ns, pid), t.run_id
-    FROM hit h JOIN _step_thread t ON t.pid = h.pid AND t.tid = h.tid
+    SELECT h.* EXCLUDE (run_id, step_idx, start_ns, end_ns, pid), t.run_id, t.first_idx
+    FROM hit h JOIN threads t ON t.pid = h.pid AND t.tid = h.tid
     WHERE h.xe > h.xs AND (h.step_idx IS NULL OR h.xe > h.end_ns)
 ), ra AS (
-    SELECT r.*, coalesce(s.step_idx, 0) AS ka
-    FROM rest r ASOF LEFT JOIN _step s ON r.run_id = s.run_id AND r.tid = s.tid AND r.xs >= s.start_ns
+    SELECT r.* EXCLUDE (first_idx), coalesce(s.step_idx, r.first_idx) AS ka
+    FROM rest r ASOF LEFT JOIN steps s ON r.run_id = s.run_id AND r.tid = s.tid AND r.xs >= s.start_ns
 ), rb AS (
     SELECT ra.*, s.step_idx AS kb
-    FROM ra ASOF JOIN _step s ON ra.run_id = s.run_id AND ra.tid = s.tid AND ra.xe > s.start_ns
+    FROM ra ASOF JOIN steps s ON ra.run_id = s.run_id AND ra.tid = s.tid AND ra.xe > s.start_ns
 ), rp AS (
     SELECT rb.* EXCLUDE (ka, kb), unnest(range(ka, kb + 1)) AS step_idx
     FROM rb WHERE kb >= ka
@@ -148,7 +179,7 @@ WITH hit AS (   -- the step whose span contains each row's start (bucket equi-jo
     WHERE step_idx IS NOT NULL AND (xs = xe OR xe <= end_ns)
     UNION ALL BY NAME
     SELECT rp.*, s.start_ns, s.end_ns
-    FROM rp JOIN _step s USING (run_id, tid, step_idx)
+    FROM rp JOIN steps s USING (run_id, tid, step_idx)
     WHERE rp.xs < s.end_ns AND s.start_ns < rp.xe
 )
 SELECT run_id, tid, step_idx, src, generation, preempted, n, v_ns, xs, xe,
@@ -159,7 +190,7 @@ SELECT run_id, tid, step_idx, src, generation, preempted, n, v_ns, xs, xe,
 FROM pairs;
 
 -- Every source's pairs.
-CREATE OR REPLACE VIEW _step_overlap AS SELECT * FROM _step_overlap_of(0, 255);
+CREATE OR REPLACE VIEW _step_overlap AS SELECT * FROM _step_overlap_of(0, 255, false);
 
 -- Per step, every time component in one pass (step_attribution reads this).
 -- Off-CPU time is split so that its parts are disjoint: an off-CPU
@@ -171,9 +202,11 @@ CREATE OR REPLACE VIEW _step_overlap AS SELECT * FROM _step_overlap_of(0, 255);
 -- collection stops every thread, with or without the GIL), so GC time is
 -- their sum. Raw (unsplit) totals are kept for step_sched.
 -- The *_in_submit_ns columns need the submit bounds: joined here, per pair.
-CREATE OR REPLACE VIEW _step_components AS
+-- Scoped: of the unfilled steps only (what the filler stores, and what the
+-- view below adds to the stored rows).
+CREATE OR REPLACE MACRO _step_components_of(scoped) AS TABLE
 WITH o AS MATERIALIZED (
-    SELECT * FROM _step_overlap
+    SELECT * FROM _step_overlap_of(0, 255, scoped)
 ), gcl AS (     -- the GC passes inside each step, as a list of [a, b]
     SELECT run_id, tid, step_idx, list({'a': a_ns, 'b': b_ns}) AS gcs
     FROM o WHERE src = 0 GROUP BY run_id, tid, step_idx
@@ -188,7 +221,7 @@ WITH o AS MATERIALIZED (
         END AS m_ns,
         g.gcs
     FROM o
-    LEFT JOIN _step_submit_call f USING (run_id, tid, step_idx)
+    LEFT JOIN _step_submit_call_of(scoped) f USING (run_id, tid, step_idx)
     LEFT JOIN gcl g ON o.src IN (1, 6) AND g.run_id = o.run_id AND g.tid = o.tid AND g.step_idx = o.step_idx
 ), y AS (
     SELECT x.*,
@@ -213,7 +246,7 @@ WITH o AS MATERIALIZED (
 ), sc AS (      -- system-call time per step and syscall name
     SELECT run_id, tid, step_idx, label AS name,
            sum(CASE WHEN n <= 1 OR xe <= xs THEN overlap_ns ELSE v_ns * overlap_ns / (xe - xs) END) AS ns
-    FROM _step_overlap_of(4, 4) GROUP BY ALL
+    FROM _step_overlap_of(4, 4, scoped) GROUP BY ALL
 ), scs AS (
     SELECT run_id, tid, step_idx, sum(ns)::BIGINT AS syscall_total_ns, arg_max(name, (ns, name)) AS top_syscall
     FROM sc GROUP BY ALL
@@ -262,7 +295,9 @@ WITH o AS MATERIALIZED (
         -- page faults (summary rows pro-rated by their overlap), IRQ time net of GC
         round(sum(n * frac) FILTER (src = 5))::BIGINT AS page_faults,
         round(sum(v_ns * frac) FILTER (src = 5))::BIGINT AS page_fault_raw_ns,
-        sum(greatest(0, overlap_ns - gc_first_ns)) FILTER (src = 6)::BIGINT AS irq_raw_ns
+        sum(greatest(0, overlap_ns - gc_first_ns)) FILTER (src = 6)::BIGINT AS irq_raw_ns,
+        -- processes named by the step's off-CPU rows (the filler's invalidation key)
+        list_sort(list(DISTINCT who_pid) FILTER (src = 1 AND who_pid IS NOT NULL)) AS who_pids
     FROM z
     GROUP BY run_id, tid, step_idx
 )
@@ -270,3 +305,17 @@ SELECT agg.*, who.preemptor, who.waker, scs.syscall_total_ns, scs.top_syscall
 FROM agg
 LEFT JOIN who USING (run_id, tid, step_idx)
 LEFT JOIN scs USING (run_id, tid, step_idx);
+
+-- Per step, every time component: the filled steps from step_components,
+-- the others computed now.
+CREATE OR REPLACE VIEW _step_components AS
+SELECT m.run_id, m.tid, m.step_idx, m.gc_ns, m.gc0_ns, m.gc1_ns, m.gc2_ns, m.gc_passes,
+    m.gc_generation, m.gc_collected, m.gc_in_submit_ns, m.preempted_raw_ns, m.blocked_raw_ns,
+    m.runq_raw_ns, m.migrations, m.offcpu_intervals, m.offcpu_in_submit_ns, m.preemption_ns,
+    m.throttled_ns, m.lock_ns, m.peer_ns, m.blocked_woken_ns, m.blocked_unsplit_ns,
+    m.runqueue_woken_ns, m.page_faults, m.page_fault_raw_ns, m.irq_raw_ns, m.who_pids,
+    m.preemptor, m.waker, m.syscall_total_ns, m.top_syscall
+FROM step_components m JOIN _step_frontier f USING (run_id, tid)
+WHERE m.step_idx <= f.filled_idx AND m.has_components
+UNION ALL BY NAME
+SELECT * FROM _step_components_of(true);

@@ -105,6 +105,7 @@ def run(args):
         config_source=source,
         config=cfg,
         retention_limits=limits,
+        step_fill_interval_s=cfg["daemon.step_fill_interval_s"],
         stop_event=stopping.STOP,
         metrics_listen=cfg["metrics.listen"] or None,
         metrics_max_label_values=cfg["metrics.max_label_values"],

@@ -115,6 +115,16 @@ _DAEMON_AND_BACKEND_KEYS = [
         doc="also trace these processes (no probe client needed)",
     ),
     Key(
+        "daemon",
+        "step_fill_interval_s",
+        "float",
+        10.0,
+        "STALLSCOPE_STEP_FILL_INTERVAL_S",
+        "step_fill_interval_s",
+        minimum=0.1,
+        doc="store settled steps' attribution components (step_components) this often, seconds",
+    ),
+    Key(
         "probes",
         "sched_backend",
         "choice",

@@ -31,6 +31,7 @@ from stallscope.service.export import DaemonExports
 from stallscope.service.ingest import Ingest
 from stallscope.service.retention import Retention
 from stallscope.service.selfstats import SelfStats
+from stallscope.service.step_fill import StepFiller
 from stallscope.service.store import DB_UMASK, Store
 from stallscope.service.watch import PidWatcher
 
@@ -117,6 +118,7 @@ class Daemon:
         config=None,
         retention_limits=None,
         stop_event=None,
+        step_fill_interval_s=10.0,
         metrics_listen=None,
         metrics_max_label_values=32,
     ):
@@ -131,6 +133,7 @@ class Daemon:
         self.sink = StoreSink(self.store)
         self.coverage = Coverage(self.store)
         self.selfstats = SelfStats(self.store)
+        self.step_fill = StepFiller(self.store, interval_s=step_fill_interval_s)
         self.probes = []
         self.extra_pids = set(pids)
         # The CLI passes stopping.STOP, set by SIGTERM from the first moment.
@@ -313,6 +316,7 @@ class Daemon:
 
     def run(self):
         self.store.start()
+        self.step_fill.start()
         if self.retention is not None:
             self.retention.start()
         if self.api_socket or self.api_options.get("listen"):
@@ -405,6 +409,7 @@ class Daemon:
             self.retention.stop()
         self._stop_probes()
         self.coverage.close_all()
+        self.step_fill.stop()
         self.store.close()
         log.info(
             "stopped in %.0f ms; %d records received, %d known lost, %d rejected",
