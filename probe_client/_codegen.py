@@ -24,7 +24,7 @@ from ._wrap import _prefix_for, resolver, shape_for
 _TEMPLATE = """
 def {p}make({p}p, {p}target, {p}owner, {p}self, {p}kid, {p}true_name, {p}sid, {p}pack,
              {p}buf, {p}acquire, {p}release, {p}mono, {p}local, {p}int, {p}bool, {p}len,
-             {p}AttributeError, {p}Exception{defaults}):
+             {p}AttributeError, {p}Exception, {p}rec{defaults}):
     {async_}def {p}wrapper({params}):
         try:
             {p}st = {p}local.st
@@ -39,6 +39,13 @@ def {p}make({p}p, {p}target, {p}owner, {p}self, {p}kid, {p}true_name, {p}sid, {p
             {p}t1 = {p}mono()
 {leave}            try:
 {tags}
+{write}            except {p}Exception:
+                {p}p.errors += 1
+    return {p}wrapper
+"""
+
+# The record write, Python path: under the buffer lock, struct.pack_into.
+_WRITE_PY = """\
                 {p}acquire()
                 try:
                     {p}pos = {p}p._pos
@@ -62,9 +69,18 @@ def {p}make({p}p, {p}target, {p}owner, {p}self, {p}kid, {p}true_name, {p}sid, {p
                         {p}st.idle = None
                     if {p}t1 - {p}p._last_send_ns >= {interval} or {p}p._pos >= {half}:
                         {p}p._flush({p}t1)
-            except {p}Exception:
-                {p}p.errors += 1
-    return {p}wrapper
+"""
+
+# The record write, C path (`_accel.c`): one call that writes the records and
+# does the outermost bookkeeping; it answers 1 when a flush is due and 2 when
+# it left everything to the Python path (lock held, buffer full, odd values).
+_WRITE_C = """\
+                {p}r = {p}rec({p}st, {p}t0, {p}t1)
+                if {p}r:
+                    if {p}r == 1:
+                        {p}p._flush({p}t1)
+                    else:
+                        {p}p._write_span({p}st, {p}kid, {p}t0, {p}t1)
 """
 
 _TAG = """\
@@ -134,6 +150,7 @@ def build(probe, plan, kid, exprs, consts):
         enter="" if is_async else f"        {prefix}st.depth += 1\n",
         leave="" if is_async else f"            {prefix}st.depth -= 1\n",
         tags="".join(tags) or "                pass",
+        write=(_WRITE_C if probe._accel else _WRITE_PY).format(p=prefix, **consts),
         **consts,
     )
     namespace = {}
@@ -157,12 +174,30 @@ def build(probe, plan, kid, exprs, consts):
         len,
         AttributeError,
         Exception,
+        _writer(probe, kid, consts),
         *shape.defaults.values(),
     )
     # An instance's wrapper must not hold the bound method (a cycle through
     # the instance): it shows the function it calls.
     _dress(wrapper, plan.shown, plan.target if plan.mode == "weak" else plan.shown)
     return wrapper
+
+
+def _writer(probe, kid, consts):
+    """The C record write of one wrapper (`_accel.Writer.rec`), or None on
+    the Python path. It holds the probe's attribute dict, buffer and lock."""
+    if not probe._accel:
+        return None
+    writer = probe._accel.Writer(
+        vars(probe),
+        probe._buf,
+        probe._lock.locked,
+        kid,
+        consts["full"],
+        consts["half"],
+        consts["interval"],
+    )
+    return writer.rec
 
 
 def _dress(wrapper, shown, wrapped):
