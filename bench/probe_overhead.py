@@ -6,6 +6,9 @@ interleaved rounds in one process so that machine noise hits all arms alike:
 
   none      the bare engine
   probe     probe_client.attach() on the four methods, a live daemon receiving
+            (the C record write when it is built: probe_client.ACCELERATOR)
+  probe-py  the same client kept on its Python record write
+            (STALLSCOPE_PROBE_ACCEL=python), when the C write is built
   offline   the same with no daemon listening (records written, then dropped
             at the flush: the hot path without the send)
   seed      a hook like the seed's first one: a dict per row kept in a list,
@@ -141,16 +144,29 @@ def main():
         help="one step every this many us (0: back to back)",
     )
     ap.add_argument("--baseline", metavar="REF", help="also time the probe client of git REF")
+    ap.add_argument(
+        "--no-daemon",
+        action="store_true",
+        help="every probe arm without a daemon (the hot path alone, no sends or decoding)",
+    )
     a = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="stallscope-bench-"))
-    daemon = DaemonChild(
-        tmp / "probe.sock",
-        tmp / "bench.duckdb",
-        tmp / "daemon.log",
-        ["--sched-backend", "none", "--gpu-backend", "none"],
-    ).start()
-    probe = probe_client.connect(socket_path=daemon.socket, gc=True)
+    daemon = None
+    if not a.no_daemon:
+        daemon = DaemonChild(
+            tmp / "probe.sock",
+            tmp / "bench.duckdb",
+            tmp / "daemon.log",
+            ["--sched-backend", "none", "--gpu-backend", "none"],
+        ).start()
+    sock = str(tmp / "nobody.sock") if daemon is None else daemon.socket
+    probe = probe_client.connect(socket_path=sock, gc=True)
     arms = {"none": ToyEngine(), "probe": ToyEngine(), "offline": ToyEngine(), "seed": ToyEngine()}
+    pyprobe = None
+    if probe.accelerator != "python":
+        os.environ["STALLSCOPE_PROBE_ACCEL"] = "python"
+        pyprobe = probe_client.connect(socket_path=sock, gc=True)
+        del os.environ["STALLSCOPE_PROBE_ACCEL"]
     offline = probe_client.connect(socket_path=str(tmp / "nobody.sock"), gc=True)
 
     class OfflineTicket(Ticket):  # its own collect, so only the offline probe wraps it
@@ -161,9 +177,19 @@ def main():
 
     arms["offline"].executor = OfflineExecutor(NoWork())
     attach_to = [(probe, arms["probe"], Ticket), (offline, arms["offline"], OfflineTicket)]
+    if pyprobe is not None:
+
+        class PyTicket(Ticket):
+            collect = Ticket.collect
+
+        class PyExecutor(Executor):
+            ticket_class = PyTicket
+
+        arms["probe-py"] = ToyEngine(PyExecutor(NoWork()))
+        attach_to.append((pyprobe, arms["probe-py"], PyTicket))
     base = None
     if a.baseline:
-        base = load_baseline(a.baseline, tmp).connect(socket_path=daemon.socket, gc=True)
+        base = load_baseline(a.baseline, tmp).connect(socket_path=sock, gc=True)
 
         class BaseTicket(Ticket):
             collect = Ticket.collect
@@ -196,6 +222,8 @@ def main():
     # each live arm (probe, base) follows an arm that sent nothing, so that
     # neither pays for the other's decoding.
     order = ["none", "probe", "offline"] + (["base"] if "base" in arms else []) + ["seed"]
+    if "probe-py" in arms:  # after an arm that sent nothing, like the others
+        order += ["probe-py"]
     arms = {k: arms[k] for k in order}
     results = {k: [] for k in arms}
     collections = {k: [0, 0, 0] for k in arms}
@@ -214,20 +242,25 @@ def main():
         seed_rows.clear()
     probe.close()
     offline.close()
+    if pyprobe is not None:
+        pyprobe.close()
     if base is not None:
         base.close()
-    daemon.stop()
-    stored = daemon.scalar("SELECT count(*) FROM spans")
+    stored = "no daemon: none"
+    if daemon is not None:
+        daemon.stop()
+        stored = daemon.scalar("SELECT count(*) FROM spans")
     med = {k: statistics.median(v) for k, v in results.items()}
     print(
         f"steps per round {a.steps}, rounds {a.rounds}, one step every {a.period_us:g} us, "
-        f"python {sys.version.split()[0]}, cpus {os.cpu_count()}"
+        f"python {sys.version.split()[0]}, cpus {os.cpu_count()}, "
+        f"probe record write: {probe.accelerator}"
     )
     steps_total = a.steps * a.rounds
     for name in arms:
         per_10k = [round(c * 10000 / steps_total, 1) for c in collections[name]]
         print(
-            f"  {name:7s} median {med[name] / 1000:7.3f} us/step   added "
+            f"  {name:8s} median {med[name] / 1000:7.3f} us/step   added "
             f"{(med[name] - med['none']) / 1000:7.3f} us/step   GC passes per 10k steps "
             f"(gen0, gen1, gen2): {per_10k}"
         )

@@ -21,6 +21,7 @@
 #include <structmember.h>
 #include <string.h>
 #include <stdint.h>
+#include <time.h>
 
 #define RECORD_SIZE 32
 #define REC_SPAN 1
@@ -48,6 +49,7 @@ typedef struct {
     int ext;
     PyObject *work; /* None or an int */
     PyObject *idle; /* None or a bool */
+    unsigned long long last_end_ns; /* t1 of the last leave(): the Python path's */
 } ThreadState;
 
 static int
@@ -62,6 +64,7 @@ ts_init(ThreadState *self, PyObject *args, PyObject *kwds)
     self->stage_id = 0;
     self->batch = 0;
     self->ext = 0;
+    self->last_end_ns = 0;
     Py_INCREF(Py_None);
     Py_XSETREF(self->work, Py_None);
     Py_INCREF(Py_None);
@@ -85,6 +88,8 @@ static PyMemberDef ts_members[] = {
     {"ext", T_INT, offsetof(ThreadState, ext), 0, "1: work or idle is set"},
     {"work", T_OBJECT, offsetof(ThreadState, work), 0, "current work measure or None"},
     {"idle", T_OBJECT, offsetof(ThreadState, idle), 0, "current idle mark or None"},
+    {"last_end_ns", T_ULONGLONG, offsetof(ThreadState, last_end_ns), 0,
+     "end of the last span leave() timed (monotonic ns)"},
     {NULL}};
 
 /* Not GC-tracked: it holds only None, ints and bools, which hold nothing. */
@@ -232,43 +237,47 @@ as_u64(PyObject *v, uint64_t *out)
     return 0;
 }
 
-static PyObject *
-use_python(void)
+static inline uint64_t
+monotonic_ns(void)
 {
-    PyErr_Clear();
-    Py_INCREF(answer[USE_PYTHON]);
-    return answer[USE_PYTHON];
+    /* The clock of time.monotonic_ns() on Linux. */
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-/* rec(st, t0, t1) -> 0 written, 1 written and a flush is due, 2 nothing
- * written: take the Python path. Mirrors the wrapper template's write. */
 static PyObject *
-writer_rec(Writer *self, PyObject *const *args, Py_ssize_t nargs)
+answer_of(int code)
 {
-    ThreadState *st;
+    PyErr_Clear();
+    Py_INCREF(answer[code]);
+    return answer[code];
+}
+
+/* The write of one span ending at t1; returns WROTE, WROTE_FLUSH_DUE or
+ * USE_PYTHON (nothing written). Mirrors the wrapper template's write. */
+static int
+write_span(Writer *self, ThreadState *st, uint64_t t0, uint64_t t1)
+{
     PyObject *held;
-    uint64_t t0, t1;
     long long pos, seqless = 0, last_send;
     int ext_flags = 0;
     long long work = 0;
     unsigned char *p;
     int flush_due = 0;
 
-    if (nargs != 3 || Py_TYPE(args[0]) != &ThreadStateType || self->state == NULL)
-        return use_python();
-    st = (ThreadState *)args[0];
-    if (as_u64(args[1], &t0) < 0 || as_u64(args[2], &t1) < 0)
-        return use_python();
+    if (self->state == NULL)
+        return USE_PYTHON;
     if (st->depth < 0 || st->depth > 255)
-        return use_python(); /* the Python path's struct.error, counted there */
+        return USE_PYTHON; /* the Python path's struct.error, counted there */
     if (st->ext) {
         if (st->work != Py_None) {
             int overflow = 0;
             if (!PyLong_CheckExact(st->work))
-                return use_python();
+                return USE_PYTHON;
             work = PyLong_AsLongLongAndOverflow(st->work, &overflow);
             if (overflow || (work == -1 && PyErr_Occurred()))
-                return use_python();
+                return USE_PYTHON;
             ext_flags = EXT_HAS_WORK;
         }
         if (st->idle == Py_True)
@@ -276,22 +285,22 @@ writer_rec(Writer *self, PyObject *const *args, Py_ssize_t nargs)
         else if (st->idle == Py_False)
             ext_flags |= EXT_HAS_IDLE;
         else if (st->idle != Py_None)
-            return use_python();
+            return USE_PYTHON;
     }
     /* A thread inside a locked section (a send, a drain, the GC callback's
      * drain) may be between two of its writes: let the Python path wait. */
     held = PyObject_CallNoArgs(self->locked);
     if (held != Py_False) {
         Py_XDECREF(held);
-        return use_python();
+        return USE_PYTHON;
     }
     Py_DECREF(held);
     if (dict_int(self->state, str_pos, &pos) < 0 || pos < 0 || pos >= self->full_at)
-        return use_python(); /* full: the Python path sends first */
+        return USE_PYTHON; /* full: the Python path sends first */
     if (st->ext && dict_int(self->state, str_seqless, &seqless) < 0)
-        return use_python();
+        return USE_PYTHON;
     if (PyByteArray_GET_SIZE(self->buf) < pos + 2 * RECORD_SIZE)
-        return use_python();
+        return USE_PYTHON;
     p = (unsigned char *)PyByteArray_AS_STRING(self->buf) + pos;
     /* wire.RECORD "<BBHIQQII" */
     p[0] = REC_SPAN;
@@ -312,12 +321,12 @@ writer_rec(Writer *self, PyObject *const *args, Py_ssize_t nargs)
         put_u64(p + 8, (uint64_t)work);
         pos += RECORD_SIZE;
         if (dict_set_int(self->state, str_seqless, seqless + 1) < 0)
-            return use_python(); /* only on memory exhaustion; nothing advanced */
+            return USE_PYTHON; /* only on memory exhaustion; nothing advanced */
     }
     if (dict_set_int(self->state, str_pos, pos) < 0) {
         if (st->ext)
             dict_set_int(self->state, str_seqless, seqless);
-        return use_python();
+        return USE_PYTHON;
     }
     if (st->depth == 0) {
         st->stage_id = 0;
@@ -333,14 +342,54 @@ writer_rec(Writer *self, PyObject *const *args, Py_ssize_t nargs)
             (long long)t1 - last_send >= self->interval_ns || pos >= self->half_at)
             flush_due = 1;
     }
-    PyErr_Clear();
-    Py_INCREF(answer[flush_due]);
-    return answer[flush_due];
+    return flush_due;
+}
+
+/* rec(st, t0, t1) -> 0 written, 1 written and a flush is due, 2 nothing
+ * written: take the Python path. For wrappers with tags: the wrapper has
+ * read t1 and lowered the depth before evaluating them. */
+static PyObject *
+writer_rec(Writer *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    uint64_t t0, t1;
+    if (nargs != 3 || Py_TYPE(args[0]) != &ThreadStateType || as_u64(args[1], &t0) < 0 ||
+        as_u64(args[2], &t1) < 0)
+        return answer_of(USE_PYTHON);
+    return answer_of(write_span(self, (ThreadState *)args[0], t0, t1));
+}
+
+/* enter(st) -> t0: the thread's depth goes up by one, then the clock is read. */
+static PyObject *
+writer_enter(Writer *self, PyObject *st)
+{
+    if (Py_TYPE(st) == &ThreadStateType)
+        ((ThreadState *)st)->depth += 1;
+    return PyLong_FromUnsignedLongLong(monotonic_ns());
+}
+
+/* leave(st, t0) -> as rec(): the clock is read (st.last_end_ns), the depth
+ * lowered, and the span written. For wrappers without tags. */
+static PyObject *
+writer_leave(Writer *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    uint64_t t0, t1 = monotonic_ns();
+    ThreadState *st;
+    if (nargs != 2 || Py_TYPE(args[0]) != &ThreadStateType)
+        return answer_of(USE_PYTHON); /* unreachable from the generated wrappers */
+    st = (ThreadState *)args[0];
+    st->last_end_ns = t1;
+    st->depth -= 1;
+    if (as_u64(args[1], &t0) < 0)
+        return answer_of(USE_PYTHON);
+    return answer_of(write_span(self, st, t0, t1));
 }
 
 static PyMethodDef writer_methods[] = {
     {"rec", (PyCFunction)(void (*)(void))writer_rec, METH_FASTCALL,
      "rec(st, t0, t1): 0 written, 1 written and a flush is due, 2 take the Python path."},
+    {"enter", (PyCFunction)writer_enter, METH_O, "enter(st) -> t0: depth + 1, then the clock."},
+    {"leave", (PyCFunction)(void (*)(void))writer_leave, METH_FASTCALL,
+     "leave(st, t0): the clock (st.last_end_ns), depth - 1, then as rec()."},
     {NULL}};
 
 static PyTypeObject WriterType = {

@@ -24,24 +24,50 @@ from ._wrap import _prefix_for, resolver, shape_for
 _TEMPLATE = """
 def {p}make({p}p, {p}target, {p}owner, {p}self, {p}kid, {p}true_name, {p}sid, {p}pack,
              {p}buf, {p}acquire, {p}release, {p}mono, {p}local, {p}int, {p}bool, {p}len,
-             {p}AttributeError, {p}Exception, {p}rec{defaults}):
+             {p}AttributeError, {p}Exception, {p}ids_get, {p}rec, {p}enter, {p}leave{defaults}):
     {async_}def {p}wrapper({params}):
         try:
             {p}st = {p}local.st
         except {p}AttributeError:
             {p}st = {p}p._thread_state()
-{enter}        {p}result = None
-        {p}t0 = {p}mono()
-        try:
+        {p}result = None
+{start}        try:
             {p}result = {await_}{p}target({call})
             return {p}result
         finally:
+{finish}    return {p}wrapper
+"""
+
+# The start and the end of a span: t0, the call, t1, the depth, the tags, the write.
+_START = """\
+{enter}        {p}t0 = {p}mono()
+"""
+
+_FINISH = """\
             {p}t1 = {p}mono()
 {leave}            try:
 {tags}
 {write}            except {p}Exception:
                 {p}p.errors += 1
-    return {p}wrapper
+"""
+
+# C path, a synchronous wrapper: enter() raises the depth and reads t0;
+# without tags, leave() reads t1 (kept in st.last_end_ns for the Python
+# path), lowers the depth and writes, in one call each.
+_START_C = """\
+        {p}t0 = {p}enter({p}st)
+"""
+
+_FINISH_C = """\
+            try:
+                {p}r = {p}leave({p}st, {p}t0)
+                if {p}r:
+                    if {p}r == 1:
+                        {p}p._flush({p}st.last_end_ns)
+                    else:
+                        {p}p._write_span({p}st, {p}kid, {p}t0, {p}st.last_end_ns)
+            except {p}Exception:
+                {p}p.errors += 1
 """
 
 # The record write, Python path: under the buffer lock, struct.pack_into.
@@ -93,7 +119,7 @@ _TAG = """\
 _TAG_BODIES = {
     "stage": (
         "                    {p}st.stage_id = ({p}sid({p}true_name) if {p}v is True else 0 if "
-        "({p}v is False or {p}v is None) else {p}sid({p}v))\n"
+        "({p}v is False or {p}v is None) else {p}ids_get({p}v) or {p}sid({p}v))\n"
     ),
     "batch": (
         "                    if {p}v is not None:\n"
@@ -138,6 +164,18 @@ def build(probe, plan, kid, exprs, consts):
     if plan.mode == "weak":
         call = f"{prefix}owner(), {call}" if call else f"{prefix}owner()"
     defaults = "".join(f", {name}" for name in shape.defaults)
+    accel = probe._accel is not None
+    parts = {
+        "p": prefix,
+        # An async span does not nest: other tasks run on this thread while
+        # it awaits, so it neither raises the thread's depth nor expects it.
+        "enter": "" if is_async else f"        {prefix}st.depth += 1\n",
+        "leave": "" if is_async else f"            {prefix}st.depth -= 1\n",
+        "tags": "".join(tags) or "                pass",
+        "write": (_WRITE_C if accel else _WRITE_PY).format(p=prefix, **consts),
+    }
+    start = _START_C if accel and not is_async else _START
+    finish = _FINISH_C if accel and not is_async and not tags else _FINISH
     source = _TEMPLATE.format(
         p=prefix,
         defaults=defaults,
@@ -145,13 +183,8 @@ def build(probe, plan, kid, exprs, consts):
         await_="await " if is_async else "",
         params=shape.params_src,
         call=call,
-        # An async span does not nest: other tasks run on this thread while
-        # it awaits, so it neither raises the thread's depth nor expects it.
-        enter="" if is_async else f"        {prefix}st.depth += 1\n",
-        leave="" if is_async else f"            {prefix}st.depth -= 1\n",
-        tags="".join(tags) or "                pass",
-        write=(_WRITE_C if probe._accel else _WRITE_PY).format(p=prefix, **consts),
-        **consts,
+        start=start.format(**parts),
+        finish=finish.format(**parts),
     )
     namespace = {}
     exec(compile(source, f"<stallscope wrapper kind={kid}>", "exec"), namespace)
@@ -174,7 +207,8 @@ def build(probe, plan, kid, exprs, consts):
         len,
         AttributeError,
         Exception,
-        _writer(probe, kid, consts),
+        probe._ids.get,  # a known stage's id without a method call; ids are >= 1
+        *_c_calls(probe, kid, consts),
         *shape.defaults.values(),
     )
     # An instance's wrapper must not hold the bound method (a cycle through
@@ -183,11 +217,11 @@ def build(probe, plan, kid, exprs, consts):
     return wrapper
 
 
-def _writer(probe, kid, consts):
-    """The C record write of one wrapper (`_accel.Writer.rec`), or None on
-    the Python path. It holds the probe's attribute dict, buffer and lock."""
-    if not probe._accel:
-        return None
+def _c_calls(probe, kid, consts):
+    """rec, enter and leave of one wrapper's `_accel.Writer` (Nones on the
+    Python path). The writer holds the probe's attribute dict, buffer and lock."""
+    if probe._accel is None:
+        return None, None, None
     writer = probe._accel.Writer(
         vars(probe),
         probe._buf,
@@ -197,7 +231,7 @@ def _writer(probe, kid, consts):
         consts["half"],
         consts["interval"],
     )
-    return writer.rec
+    return writer.rec, writer.enter, writer.leave
 
 
 def _dress(wrapper, shown, wrapped):
