@@ -18,12 +18,15 @@ interleaved rounds in one process so that machine noise hits all arms alike:
             the previous release), attached the same way, in the same rounds,
             so a change to the hot path is measured side by side
 
-Prints the median per-step time of each arm over the rounds and the added
-time against `none`. Usage: python bench/probe_overhead.py [--steps N]
+Prints the median per-step time of each arm over the rounds (each round's
+mean) and the added time against `none`; with pacing also the median over
+rounds of each round's median step, which a loaded machine's preemptions
+do not move. Usage: python bench/probe_overhead.py [--steps N]
 [--rounds R] [--baseline REF]
 """
 
 import argparse
+import array
 import gc
 import importlib
 import os
@@ -109,8 +112,9 @@ def load_baseline(ref, into):
     return importlib.import_module("probe_client_base")
 
 
-def time_steps(engine, steps, period_ns):
+def time_steps(engine, steps, period_ns, each=None):
     """Mean ns inside `_step()`; steps start every `period_ns` (0: back to back).
+    With `each` (an array of `steps` ints), paced steps' own durations go there too.
 
     Pacing matters: a real engine steps at most a few thousand times a second
     and the probe sends once per 20 ms, while a tight loop makes ~1 M records/s
@@ -123,11 +127,12 @@ def time_steps(engine, steps, period_ns):
             step()
         return (clock() - t0) / steps
     inside = 0
-    for _ in range(steps):
+    for i in range(steps):
         t0 = clock()
         step()
         t1 = clock()
         inside += t1 - t0
+        each[i] = t1 - t0
         while clock() - t0 < period_ns:
             pass
     return inside / steps
@@ -227,6 +232,11 @@ def main():
     arms = {k: arms[k] for k in order}
     results = {k: [] for k in arms}
     collections = {k: [0, 0, 0] for k in arms}
+    # A step's own duration, median per round: unlike the mean, blind to the
+    # few steps a loaded machine preempts (one 4 ms preemption adds 0.8 us to
+    # the mean of a 5,000-step round).
+    step_medians = {k: [] for k in arms}
+    each = array.array("q", bytes(8 * a.steps))
     swapped = list(arms)
     if "base" in arms:  # every other round, probe and base trade places
         i, j = swapped.index("probe"), swapped.index("base")
@@ -235,10 +245,12 @@ def main():
         for name in swapped if round_no % 2 else list(arms):
             engine = arms[name]
             before = [s["collections"] for s in gc.get_stats()]
-            results[name].append(time_steps(engine, a.steps, int(a.period_us * 1000)))
+            results[name].append(time_steps(engine, a.steps, int(a.period_us * 1000), each))
             after = [s["collections"] for s in gc.get_stats()]
             for gen in range(3):
                 collections[name][gen] += after[gen] - before[gen]
+            if a.period_us:
+                step_medians[name].append(statistics.median(each))
         seed_rows.clear()
     probe.close()
     offline.close()
@@ -264,6 +276,14 @@ def main():
             f"{(med[name] - med['none']) / 1000:7.3f} us/step   GC passes per 10k steps "
             f"(gen0, gen1, gen2): {per_10k}"
         )
+    if a.period_us:
+        print("  median of each round's median step (robust to preemption):")
+        smed = {k: statistics.median(v) for k, v in step_medians.items()}
+        for name in arms:
+            print(
+                f"  {name:8s} median {smed[name] / 1000:7.3f} us/step   added "
+                f"{(smed[name] - smed['none']) / 1000:7.3f} us/step"
+            )
     st = probe.stats()
     print(
         f"  probe: {st['sent_records']} records sent, {st['drops_full']} dropped (socket "

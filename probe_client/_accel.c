@@ -35,7 +35,7 @@
 #define WROTE_FLUSH_DUE 1
 #define USE_PYTHON 2
 
-static PyObject *str_pos, *str_seqless, *str_last_send_ns;
+static PyObject *str_pos, *str_seqless, *str_last_send_ns, *str_st;
 static PyObject *answer[3];
 
 /* ----- ThreadState: the per-thread span state, read in C without lookups -- */
@@ -111,6 +111,10 @@ typedef struct {
     PyObject *state;  /* the probe's __dict__: _pos, _seqless, _last_send_ns */
     PyObject *buf;    /* the probe's bytearray */
     PyObject *locked; /* the buffer lock's bound locked() */
+    PyObject *local;      /* the probe's threading.local: .st is the thread's state */
+    PyObject *make_state; /* the probe's _thread_state(): makes and stores one */
+    uint64_t cached_thread; /* PyThreadState id (never reused) of cached_st's thread */
+    PyObject *cached_st;    /* that thread's ThreadState: enter()/leave() skip the lookup */
     unsigned int kind_id;
     Py_ssize_t full_at;
     Py_ssize_t half_at;
@@ -120,15 +124,15 @@ typedef struct {
 static int
 writer_init(Writer *self, PyObject *args, PyObject *kwds)
 {
-    PyObject *state, *buf, *locked;
+    PyObject *state, *buf, *locked, *local, *make_state;
     unsigned int kind_id;
     Py_ssize_t full_at, half_at;
     long long interval_ns;
-    static char *kwlist[] = {"state", "buf", "locked", "kind_id", "full_at", "half_at",
-                             "interval_ns", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O!OInnL", kwlist, &PyDict_Type, &state,
-                                     &PyByteArray_Type, &buf, &locked, &kind_id, &full_at,
-                                     &half_at, &interval_ns))
+    static char *kwlist[] = {"state",   "buf",     "locked",      "local", "make_state",
+                             "kind_id", "full_at", "half_at", "interval_ns", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O!OOOInnL", kwlist, &PyDict_Type, &state,
+                                     &PyByteArray_Type, &buf, &locked, &local, &make_state,
+                                     &kind_id, &full_at, &half_at, &interval_ns))
         return -1;
     if (kind_id > 0xFFFF || full_at < 0 || full_at + RECORD_SIZE > PyByteArray_GET_SIZE(buf)) {
         PyErr_SetString(PyExc_ValueError, "kind_id or buffer bounds out of range");
@@ -140,6 +144,12 @@ writer_init(Writer *self, PyObject *args, PyObject *kwds)
     Py_XSETREF(self->buf, buf);
     Py_INCREF(locked);
     Py_XSETREF(self->locked, locked);
+    Py_INCREF(local);
+    Py_XSETREF(self->local, local);
+    Py_INCREF(make_state);
+    Py_XSETREF(self->make_state, make_state);
+    Py_CLEAR(self->cached_st);
+    self->cached_thread = 0;
     self->kind_id = kind_id;
     self->full_at = full_at;
     self->half_at = half_at;
@@ -153,6 +163,9 @@ writer_traverse(Writer *self, visitproc visit, void *arg)
     Py_VISIT(self->state);
     Py_VISIT(self->buf);
     Py_VISIT(self->locked);
+    Py_VISIT(self->local);
+    Py_VISIT(self->make_state);
+    Py_VISIT(self->cached_st);
     return 0;
 }
 
@@ -162,6 +175,9 @@ writer_clear(Writer *self)
     Py_CLEAR(self->state);
     Py_CLEAR(self->buf);
     Py_CLEAR(self->locked);
+    Py_CLEAR(self->local);
+    Py_CLEAR(self->make_state);
+    Py_CLEAR(self->cached_st);
     return 0;
 }
 
@@ -358,28 +374,63 @@ writer_rec(Writer *self, PyObject *const *args, Py_ssize_t nargs)
     return answer_of(write_span(self, (ThreadState *)args[0], t0, t1));
 }
 
-/* enter(st) -> t0: the thread's depth goes up by one, then the clock is read. */
-static PyObject *
-writer_enter(Writer *self, PyObject *st)
+/* The calling thread's ThreadState (borrowed from the cache), or NULL with
+ * no error set when it cannot be had without raising. The first span of a
+ * thread makes it through the probe's _thread_state(), so Python's
+ * `probe._local.st` and this are the same object. */
+static ThreadState *
+current_state(Writer *self)
 {
-    if (Py_TYPE(st) == &ThreadStateType)
-        ((ThreadState *)st)->depth += 1;
+    uint64_t thread = PyThreadState_GetID(PyThreadState_Get());
+    PyObject *st;
+    if (self->cached_st != NULL && self->cached_thread == thread)
+        return (ThreadState *)self->cached_st;
+    if (self->local == NULL)
+        return NULL;
+    st = PyObject_GetAttr(self->local, str_st);
+    if (st == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError)) {
+            PyErr_Clear();
+            return NULL;
+        }
+        PyErr_Clear();
+        st = PyObject_CallNoArgs(self->make_state);
+        if (st == NULL) {
+            PyErr_Clear();
+            return NULL;
+        }
+    }
+    if (Py_TYPE(st) != &ThreadStateType) {
+        Py_DECREF(st);
+        return NULL;
+    }
+    Py_XSETREF(self->cached_st, st);
+    self->cached_thread = thread;
+    return (ThreadState *)st;
+}
+
+/* enter() -> t0: the thread's depth goes up by one, then the clock is read. */
+static PyObject *
+writer_enter(Writer *self, PyObject *Py_UNUSED(ignored))
+{
+    ThreadState *st = current_state(self);
+    if (st != NULL)
+        st->depth += 1;
     return PyLong_FromUnsignedLongLong(monotonic_ns());
 }
 
-/* leave(st, t0) -> as rec(): the clock is read (st.last_end_ns), the depth
+/* leave(t0) -> as rec(): the clock is read (st.last_end_ns), the depth
  * lowered, and the span written. For wrappers without tags. */
 static PyObject *
-writer_leave(Writer *self, PyObject *const *args, Py_ssize_t nargs)
+writer_leave(Writer *self, PyObject *t0_obj)
 {
     uint64_t t0, t1 = monotonic_ns();
-    ThreadState *st;
-    if (nargs != 2 || Py_TYPE(args[0]) != &ThreadStateType)
-        return answer_of(USE_PYTHON); /* unreachable from the generated wrappers */
-    st = (ThreadState *)args[0];
+    ThreadState *st = current_state(self);
+    if (st == NULL)
+        return answer_of(USE_PYTHON);
     st->last_end_ns = t1;
     st->depth -= 1;
-    if (as_u64(args[1], &t0) < 0)
+    if (as_u64(t0_obj, &t0) < 0)
         return answer_of(USE_PYTHON);
     return answer_of(write_span(self, st, t0, t1));
 }
@@ -387,9 +438,10 @@ writer_leave(Writer *self, PyObject *const *args, Py_ssize_t nargs)
 static PyMethodDef writer_methods[] = {
     {"rec", (PyCFunction)(void (*)(void))writer_rec, METH_FASTCALL,
      "rec(st, t0, t1): 0 written, 1 written and a flush is due, 2 take the Python path."},
-    {"enter", (PyCFunction)writer_enter, METH_O, "enter(st) -> t0: depth + 1, then the clock."},
-    {"leave", (PyCFunction)(void (*)(void))writer_leave, METH_FASTCALL,
-     "leave(st, t0): the clock (st.last_end_ns), depth - 1, then as rec()."},
+    {"enter", (PyCFunction)writer_enter, METH_NOARGS,
+     "enter() -> t0: the thread's depth + 1, then the clock."},
+    {"leave", (PyCFunction)writer_leave, METH_O,
+     "leave(t0): the clock (the thread's st.last_end_ns), depth - 1, then as rec()."},
     {NULL}};
 
 static PyTypeObject WriterType = {
@@ -421,7 +473,8 @@ PyInit__accel(void)
     str_pos = PyUnicode_InternFromString("_pos");
     str_seqless = PyUnicode_InternFromString("_seqless");
     str_last_send_ns = PyUnicode_InternFromString("_last_send_ns");
-    if (!str_pos || !str_seqless || !str_last_send_ns)
+    str_st = PyUnicode_InternFromString("st");
+    if (!str_pos || !str_seqless || !str_last_send_ns || !str_st)
         return NULL;
     for (int i = 0; i < 3; i++) {
         answer[i] = PyLong_FromLong(i); /* small ints: cached, immortal enough */

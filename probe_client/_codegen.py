@@ -26,16 +26,20 @@ def {p}make({p}p, {p}target, {p}owner, {p}self, {p}kid, {p}true_name, {p}sid, {p
              {p}buf, {p}acquire, {p}release, {p}mono, {p}local, {p}int, {p}bool, {p}len,
              {p}AttributeError, {p}Exception, {p}ids_get, {p}rec, {p}enter, {p}leave{defaults}):
     {async_}def {p}wrapper({params}):
-        try:
-            {p}st = {p}local.st
-        except {p}AttributeError:
-            {p}st = {p}p._thread_state()
-        {p}result = None
+{state}        {p}result = None
 {start}        try:
             {p}result = {await_}{p}target({call})
             return {p}result
         finally:
 {finish}    return {p}wrapper
+"""
+
+# The thread's state, looked up (and made on its first span) in Python.
+_STATE = """\
+        try:
+            {p}st = {p}local.st
+        except {p}AttributeError:
+            {p}st = {p}p._thread_state()
 """
 
 # The start and the end of a span: t0, the call, t1, the depth, the tags, the write.
@@ -45,27 +49,27 @@ _START = """\
 
 _FINISH = """\
             {p}t1 = {p}mono()
-{leave}            try:
+{state_late}{leave}            try:
 {tags}
 {write}            except {p}Exception:
                 {p}p.errors += 1
 """
 
-# C path, a synchronous wrapper: enter() raises the depth and reads t0;
-# without tags, leave() reads t1 (kept in st.last_end_ns for the Python
-# path), lowers the depth and writes, in one call each.
+# C path, a synchronous wrapper: enter() finds the thread's state, raises
+# its depth and reads t0; without tags, leave() reads t1, lowers the depth
+# and writes, so the wrapper never looks the state up itself.
 _START_C = """\
-        {p}t0 = {p}enter({p}st)
+        {p}t0 = {p}enter()
 """
 
 _FINISH_C = """\
             try:
-                {p}r = {p}leave({p}st, {p}t0)
+                {p}r = {p}leave({p}t0)
                 if {p}r:
                     if {p}r == 1:
-                        {p}p._flush({p}st.last_end_ns)
+                        {p}p._flush({p}mono())
                     else:
-                        {p}p._write_span({p}st, {p}kid, {p}t0, {p}st.last_end_ns)
+                        {p}p._write_declined({p}kid, {p}t0)
             except {p}Exception:
                 {p}p.errors += 1
 """
@@ -174,8 +178,18 @@ def build(probe, plan, kid, exprs, consts):
         "tags": "".join(tags) or "                pass",
         "write": (_WRITE_C if accel else _WRITE_PY).format(p=prefix, **consts),
     }
-    start = _START_C if accel and not is_async else _START
-    finish = _FINISH_C if accel and not is_async and not tags else _FINISH
+    c_start = accel and not is_async
+    c_finish = c_start and not tags
+    # With enter() the state is looked up after the call, for the tags only.
+    parts["state_late"] = (
+        _STATE.format(p=prefix)
+        .replace("\n        ", "\n            ")
+        .replace("        try", "            try", 1)
+        if c_start and not c_finish
+        else ""
+    )
+    start = _START_C if c_start else _START
+    finish = _FINISH_C if c_finish else _FINISH
     source = _TEMPLATE.format(
         p=prefix,
         defaults=defaults,
@@ -183,6 +197,7 @@ def build(probe, plan, kid, exprs, consts):
         await_="await " if is_async else "",
         params=shape.params_src,
         call=call,
+        state="" if c_start else _STATE.format(p=prefix),
         start=start.format(**parts),
         finish=finish.format(**parts),
     )
@@ -226,6 +241,8 @@ def _c_calls(probe, kid, consts):
         vars(probe),
         probe._buf,
         probe._lock.locked,
+        probe._local,
+        probe._thread_state,
         kid,
         consts["full"],
         consts["half"],

@@ -296,6 +296,11 @@ class Probe(Transport):
         self._local.st = st
         return st
 
+    def _write_declined(self, kid, t0):
+        """A C leave() that declined: the span it timed, by the Python path."""
+        st = self._local.st
+        self._write_span(st, kid, t0, st.last_end_ns)
+
     def _write_span(self, st, kid, t0, t1):
         """A wrapper's record write and outermost bookkeeping, Python path:
         what `_codegen._WRITE_PY` inlines, for a C write that declined."""

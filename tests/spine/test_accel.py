@@ -64,6 +64,8 @@ def writer(p, kid):
         vars(p),
         p._buf,
         p._lock.locked,
+        p._local,
+        p._thread_state,
         kid,
         _probe.FULL_AT,
         _probe.MOSTLY_FULL_AT,
@@ -224,18 +226,34 @@ def test_a_wrapper_whose_write_was_declined_still_records_through_python(pair):
     assert len(written(c)) == 5 * wire.RECORD_SIZE
 
 
-def test_c_clock_is_the_python_clock(pair):
+def test_enter_and_leave_use_the_threads_own_state_and_the_python_clock(pair):
     c, _ = pair
     w = writer(c, c._intern("step"))
-    st = c._thread_state()
     a = _probe._monotonic_ns()
-    t0 = w.enter(st)
+    t0 = w.enter()  # the thread's first span: makes its state, as Python would
+    st = c._local.st
     assert st.depth == 1
-    assert w.leave(st, t0) in (0, 1)
+    assert w.leave(t0) in (0, 1)
     b = _probe._monotonic_ns()
     assert st.depth == 0 and a <= t0 <= st.last_end_ns <= b
     (row,) = struct.iter_unpack("<BBHIQQII", written(c))
-    assert row[4:6] == (t0, st.last_end_ns)
+    assert row[3:6] == (st.tid, t0, st.last_end_ns)
+    # Another thread gets its own state (the cache is per thread, never shared).
+    other = []
+
+    def run():
+        t = w.enter()
+        other.append(c._local.st)
+        w.leave(t)
+
+    th = threading.Thread(target=run)
+    th.start()
+    th.join()
+    assert other[0] is not st and other[0].depth == 0 and other[0].tid == th.native_id
+    t0 = w.enter()
+    assert st.depth == 1 and w.leave(t0) in (0, 1) and st.depth == 0
+    rows = list(struct.iter_unpack("<BBHIQQII", written(c)))
+    assert [r[3] for r in rows] == [st.tid, th.native_id, st.tid]
 
 
 def test_the_client_works_without_the_c_module(tmp_path):
