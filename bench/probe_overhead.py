@@ -27,6 +27,7 @@ do not move. Usage: python bench/probe_overhead.py [--steps N]
 
 import argparse
 import array
+import ctypes
 import gc
 import importlib
 import os
@@ -112,7 +113,25 @@ def load_baseline(ref, into):
     return importlib.import_module("probe_client_base")
 
 
-def time_steps(engine, steps, period_ns, each=None):
+def thrasher(kib):
+    """A function that writes over `kib` KiB (outside the timed step): the
+    next step starts on caches another program's work has just filled, as
+    after a model's forward pass. None when kib is 0."""
+    if not kib:
+        return None
+    junk = bytearray(kib * 1024)
+    address = ctypes.addressof((ctypes.c_char * len(junk)).from_buffer(junk))
+    fill = ctypes.memset
+    size = len(junk)
+
+    def thrash(value):
+        fill(address, value & 0xFF, size)
+
+    thrash.keep = junk  # the buffer lives as long as the function
+    return thrash
+
+
+def time_steps(engine, steps, period_ns, each=None, thrash=None):
     """Mean ns inside `_step()`; steps start every `period_ns` (0: back to back).
     With `each` (an array of `steps` ints), paced steps' own durations go there too.
 
@@ -128,6 +147,8 @@ def time_steps(engine, steps, period_ns, each=None):
         return (clock() - t0) / steps
     inside = 0
     for i in range(steps):
+        if thrash is not None:
+            thrash(i)
         t0 = clock()
         step()
         t1 = clock()
@@ -149,6 +170,12 @@ def main():
         help="one step every this many us (0: back to back)",
     )
     ap.add_argument("--baseline", metavar="REF", help="also time the probe client of git REF")
+    ap.add_argument(
+        "--thrash-kib",
+        type=int,
+        default=0,
+        help="write over this many KiB before each paced step (cold caches, as after real work)",
+    )
     ap.add_argument(
         "--no-daemon",
         action="store_true",
@@ -237,6 +264,7 @@ def main():
     # the mean of a 5,000-step round).
     step_medians = {k: [] for k in arms}
     each = array.array("q", bytes(8 * a.steps))
+    thrash = thrasher(a.thrash_kib)
     swapped = list(arms)
     if "base" in arms:  # every other round, probe and base trade places
         i, j = swapped.index("probe"), swapped.index("base")
@@ -245,7 +273,7 @@ def main():
         for name in swapped if round_no % 2 else list(arms):
             engine = arms[name]
             before = [s["collections"] for s in gc.get_stats()]
-            results[name].append(time_steps(engine, a.steps, int(a.period_us * 1000), each))
+            results[name].append(time_steps(engine, a.steps, int(a.period_us * 1000), each, thrash))
             after = [s["collections"] for s in gc.get_stats()]
             for gen in range(3):
                 collections[name][gen] += after[gen] - before[gen]
@@ -266,7 +294,7 @@ def main():
     print(
         f"steps per round {a.steps}, rounds {a.rounds}, one step every {a.period_us:g} us, "
         f"python {sys.version.split()[0]}, cpus {os.cpu_count()}, "
-        f"probe record write: {probe.accelerator}"
+        f"probe record write: {probe.accelerator}, caches thrashed: {a.thrash_kib} KiB"
     )
     steps_total = a.steps * a.rounds
     for name in arms:
