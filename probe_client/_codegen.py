@@ -69,7 +69,7 @@ _FINISH_C = """\
                     if {p}r == 1:
                         {p}p._flush({p}mono())
                     else:
-                        {p}p._write_declined({p}kid, {p}t0)
+                        {p}p._write_declined({p}local, {p}kid, {p}t0)
             except {p}Exception:
                 {p}p.errors += 1
 """

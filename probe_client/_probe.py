@@ -296,9 +296,10 @@ class Probe(Transport):
         self._local.st = st
         return st
 
-    def _write_declined(self, kid, t0):
-        """A C leave() that declined: the span it timed, by the Python path."""
-        st = self._local.st
+    def _write_declined(self, local, kid, t0):
+        """A C leave() that declined: the span it timed, by the Python path.
+        `local` is the wrapper's own (after a fork `self._local` is new)."""
+        st = local.st
         self._write_span(st, kid, t0, st.last_end_ns)
 
     def _write_span(self, st, kid, t0, t1):

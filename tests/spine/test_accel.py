@@ -315,3 +315,44 @@ def test_stallscope_run_reports_the_write_in_use(daemon, tmp_path, mode):
     daemon.stop()
     assert daemon.query("SELECT label, probe_accel, records FROM runs") == [(mode, mode, 20)]
     assert daemon.query("SELECT batch FROM spans ORDER BY seq") == [(i % 3 + 1,) for i in range(20)]
+
+
+def test_a_full_buffer_in_a_forked_child_goes_through_python(tmp_path):
+    """A long step of many inner spans fills the buffer: each write that
+    finds it full is declined to the Python path, which sends (here: drops)
+    and writes; in a forked child too, where the probe has a new
+    threading.local but the wrappers keep theirs."""
+    require_accel()
+    code = textwrap.dedent(
+        """
+        import os, sys
+        import probe_client
+        p = probe_client.connect(socket_path=sys.argv[1], gc=False)
+        class E:
+            def inner(self):
+                return 1
+            def outer(self, n):
+                return sum(self.inner() for _ in range(n))
+        e = E()
+        p.attach(E, "inner", kind="inner")
+        p.attach(E, "outer", kind="outer")
+        e.outer(10)
+        pid = os.fork()
+        if pid == 0:
+            e.outer(2000)
+            st = p.stats()
+            print(p.accelerator, st["errors"], st["next_seq"], st["drops_disconnected"], flush=True)
+            os._exit(0)
+        os.waitpid(pid, 0)
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "absent.sock")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    accel, errors, next_seq, dropped = out.stdout.split()
+    assert (accel, errors, next_seq) == ("c", "0", "2001")
+    assert int(dropped) >= 2001 - 511  # the full buffers were sent (dropped: no daemon)
