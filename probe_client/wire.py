@@ -71,3 +71,10 @@ U32_MAX = 0xFFFFFFFF
 # of at most HELLO_MAX bytes. Sent after HELLO; a daemon that predates it
 # counts it as `bad_kind` and carries on.
 DGRAM_EVENT = 4
+
+# A request to follow a process with no client (`stallscope run --no-client`):
+# header kind 5, no records, then a UTF-8 JSON object {pid, label} of at most
+# HELLO_MAX bytes, on a connection that sends no HELLO. The daemon answers on
+# the same connection with a datagram of the same kind whose JSON is
+# {ok, run_id} or {ok: false, reason}. Never sent by the probe client.
+DGRAM_WATCH = 5

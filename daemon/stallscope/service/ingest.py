@@ -73,6 +73,8 @@ class Ingest(RunRegistry, RecordDecoder):
         on_untrack=None,
         socket_group=None,
         on_run_end=None,
+        on_watch=None,
+        on_step_threads=None,
     ):
         self.store = store
         self.socket_path = socket_path
@@ -84,6 +86,10 @@ class Ingest(RunRegistry, RecordDecoder):
         self.on_track = on_track or (lambda pid, run_id=None: None)
         self.on_untrack = on_untrack or (lambda pid: None)
         self.on_run_end = on_run_end or (lambda run_id: None)
+        # on_watch(conn, datagram): a WATCH request (service/watch.py answers it).
+        self.on_watch = on_watch
+        # on_step_threads(pid, tids): threads seen emitting spans for the first time.
+        self.on_step_threads = on_step_threads
         self.selector = selectors.DefaultSelector()
         self.conns = {}  # fd -> Connection
         self.runs = {}  # run_id -> RunState (what decode_pending walks)
@@ -246,6 +252,10 @@ class Ingest(RunRegistry, RecordDecoder):
                         run.unflushed = True
                     run.drops_full, run.drops_disconnected = drops_full, drops_disc
             return None
+        if kind == wire.DGRAM_WATCH:
+            if run is not None or self.on_watch is None:
+                return self._reject(run_id, conn.pid, "bad_kind")
+            return self.on_watch(conn, data)
         if kind == wire.DGRAM_EVENT:
             if run is None:
                 return self._reject(None, conn.pid, "no_hello")
