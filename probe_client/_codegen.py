@@ -5,7 +5,9 @@ expressions (from `_expr.py`), this module writes the wrapper's source,
 compiles it once at attach time and dresses the result like the original
 (name, qualname, signature, docstring). The generated code is the hot path:
 between its two timestamps there is nothing but the user's call, and after
-them only plain reads, one record write under the buffer lock and guarded
+them only plain reads, one record write (Python: under the buffer lock;
+with `_accel.c` built: one C call that writes when no thread holds the
+lock and otherwise declines to the Python write) and guarded
 bookkeeping; it allocates no tracked object, holds nothing strongly that
 would make a cycle, and never raises into the caller. Never on the hot path
 itself: this module only runs in `attach()`.
