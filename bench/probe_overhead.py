@@ -6,6 +6,9 @@ interleaved rounds in one process so that machine noise hits all arms alike:
 
   none      the bare engine
   probe     probe_client.attach() on the four methods, a live daemon receiving
+            (the C record write when it is built: probe_client.ACCELERATOR)
+  probe-py  the same client kept on its Python record write
+            (STALLSCOPE_PROBE_ACCEL=python), when the C write is built
   offline   the same with no daemon listening (records written, then dropped
             at the flush: the hot path without the send)
   seed      a hook like the seed's first one: a dict per row kept in a list,
@@ -15,12 +18,16 @@ interleaved rounds in one process so that machine noise hits all arms alike:
             the previous release), attached the same way, in the same rounds,
             so a change to the hot path is measured side by side
 
-Prints the median per-step time of each arm over the rounds and the added
-time against `none`. Usage: python bench/probe_overhead.py [--steps N]
+Prints the median per-step time of each arm over the rounds (each round's
+mean) and the added time against `none`; with pacing also the median over
+rounds of each round's median step, which a loaded machine's preemptions
+do not move. Usage: python bench/probe_overhead.py [--steps N]
 [--rounds R] [--baseline REF]
 """
 
 import argparse
+import array
+import ctypes
 import gc
 import importlib
 import os
@@ -106,8 +113,27 @@ def load_baseline(ref, into):
     return importlib.import_module("probe_client_base")
 
 
-def time_steps(engine, steps, period_ns):
+def thrasher(kib):
+    """A function that writes over `kib` KiB (outside the timed step): the
+    next step starts on caches another program's work has just filled, as
+    after a model's forward pass. None when kib is 0."""
+    if not kib:
+        return None
+    junk = bytearray(kib * 1024)
+    address = ctypes.addressof((ctypes.c_char * len(junk)).from_buffer(junk))
+    fill = ctypes.memset
+    size = len(junk)
+
+    def thrash(value):
+        fill(address, value & 0xFF, size)
+
+    thrash.keep = junk  # the buffer lives as long as the function
+    return thrash
+
+
+def time_steps(engine, steps, period_ns, each=None, thrash=None):
     """Mean ns inside `_step()`; steps start every `period_ns` (0: back to back).
+    With `each` (an array of `steps` ints), paced steps' own durations go there too.
 
     Pacing matters: a real engine steps at most a few thousand times a second
     and the probe sends once per 20 ms, while a tight loop makes ~1 M records/s
@@ -120,11 +146,14 @@ def time_steps(engine, steps, period_ns):
             step()
         return (clock() - t0) / steps
     inside = 0
-    for _ in range(steps):
+    for i in range(steps):
+        if thrash is not None:
+            thrash(i)
         t0 = clock()
         step()
         t1 = clock()
         inside += t1 - t0
+        each[i] = t1 - t0
         while clock() - t0 < period_ns:
             pass
     return inside / steps
@@ -141,16 +170,35 @@ def main():
         help="one step every this many us (0: back to back)",
     )
     ap.add_argument("--baseline", metavar="REF", help="also time the probe client of git REF")
+    ap.add_argument(
+        "--thrash-kib",
+        type=int,
+        default=0,
+        help="write over this many KiB before each paced step (cold caches, as after real work)",
+    )
+    ap.add_argument(
+        "--no-daemon",
+        action="store_true",
+        help="every probe arm without a daemon (the hot path alone, no sends or decoding)",
+    )
     a = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="stallscope-bench-"))
-    daemon = DaemonChild(
-        tmp / "probe.sock",
-        tmp / "bench.duckdb",
-        tmp / "daemon.log",
-        ["--sched-backend", "none", "--gpu-backend", "none"],
-    ).start()
-    probe = probe_client.connect(socket_path=daemon.socket, gc=True)
+    daemon = None
+    if not a.no_daemon:
+        daemon = DaemonChild(
+            tmp / "probe.sock",
+            tmp / "bench.duckdb",
+            tmp / "daemon.log",
+            ["--sched-backend", "none", "--gpu-backend", "none"],
+        ).start()
+    sock = str(tmp / "nobody.sock") if daemon is None else daemon.socket
+    probe = probe_client.connect(socket_path=sock, gc=True)
     arms = {"none": ToyEngine(), "probe": ToyEngine(), "offline": ToyEngine(), "seed": ToyEngine()}
+    pyprobe = None
+    if probe.accelerator != "python":
+        os.environ["STALLSCOPE_PROBE_ACCEL"] = "python"
+        pyprobe = probe_client.connect(socket_path=sock, gc=True)
+        del os.environ["STALLSCOPE_PROBE_ACCEL"]
     offline = probe_client.connect(socket_path=str(tmp / "nobody.sock"), gc=True)
 
     class OfflineTicket(Ticket):  # its own collect, so only the offline probe wraps it
@@ -161,9 +209,19 @@ def main():
 
     arms["offline"].executor = OfflineExecutor(NoWork())
     attach_to = [(probe, arms["probe"], Ticket), (offline, arms["offline"], OfflineTicket)]
+    if pyprobe is not None:
+
+        class PyTicket(Ticket):
+            collect = Ticket.collect
+
+        class PyExecutor(Executor):
+            ticket_class = PyTicket
+
+        arms["probe-py"] = ToyEngine(PyExecutor(NoWork()))
+        attach_to.append((pyprobe, arms["probe-py"], PyTicket))
     base = None
     if a.baseline:
-        base = load_baseline(a.baseline, tmp).connect(socket_path=daemon.socket, gc=True)
+        base = load_baseline(a.baseline, tmp).connect(socket_path=sock, gc=True)
 
         class BaseTicket(Ticket):
             collect = Ticket.collect
@@ -196,9 +254,17 @@ def main():
     # each live arm (probe, base) follows an arm that sent nothing, so that
     # neither pays for the other's decoding.
     order = ["none", "probe", "offline"] + (["base"] if "base" in arms else []) + ["seed"]
+    if "probe-py" in arms:  # after an arm that sent nothing, like the others
+        order += ["probe-py"]
     arms = {k: arms[k] for k in order}
     results = {k: [] for k in arms}
     collections = {k: [0, 0, 0] for k in arms}
+    # A step's own duration, median per round: unlike the mean, blind to the
+    # few steps a loaded machine preempts (one 4 ms preemption adds 0.8 us to
+    # the mean of a 5,000-step round).
+    step_medians = {k: [] for k in arms}
+    each = array.array("q", bytes(8 * a.steps))
+    thrash = thrasher(a.thrash_kib)
     swapped = list(arms)
     if "base" in arms:  # every other round, probe and base trade places
         i, j = swapped.index("probe"), swapped.index("base")
@@ -207,30 +273,45 @@ def main():
         for name in swapped if round_no % 2 else list(arms):
             engine = arms[name]
             before = [s["collections"] for s in gc.get_stats()]
-            results[name].append(time_steps(engine, a.steps, int(a.period_us * 1000)))
+            results[name].append(time_steps(engine, a.steps, int(a.period_us * 1000), each, thrash))
             after = [s["collections"] for s in gc.get_stats()]
             for gen in range(3):
                 collections[name][gen] += after[gen] - before[gen]
+            if a.period_us:
+                step_medians[name].append(statistics.median(each))
         seed_rows.clear()
     probe.close()
     offline.close()
+    if pyprobe is not None:
+        pyprobe.close()
     if base is not None:
         base.close()
-    daemon.stop()
-    stored = daemon.scalar("SELECT count(*) FROM spans")
+    stored = "no daemon: none"
+    if daemon is not None:
+        daemon.stop()
+        stored = daemon.scalar("SELECT count(*) FROM spans")
     med = {k: statistics.median(v) for k, v in results.items()}
     print(
         f"steps per round {a.steps}, rounds {a.rounds}, one step every {a.period_us:g} us, "
-        f"python {sys.version.split()[0]}, cpus {os.cpu_count()}"
+        f"python {sys.version.split()[0]}, cpus {os.cpu_count()}, "
+        f"probe record write: {probe.accelerator}, caches thrashed: {a.thrash_kib} KiB"
     )
     steps_total = a.steps * a.rounds
     for name in arms:
         per_10k = [round(c * 10000 / steps_total, 1) for c in collections[name]]
         print(
-            f"  {name:7s} median {med[name] / 1000:7.3f} us/step   added "
+            f"  {name:8s} median {med[name] / 1000:7.3f} us/step   added "
             f"{(med[name] - med['none']) / 1000:7.3f} us/step   GC passes per 10k steps "
             f"(gen0, gen1, gen2): {per_10k}"
         )
+    if a.period_us:
+        print("  median of each round's median step (robust to preemption):")
+        smed = {k: statistics.median(v) for k, v in step_medians.items()}
+        for name in arms:
+            print(
+                f"  {name:8s} median {smed[name] / 1000:7.3f} us/step   added "
+                f"{(smed[name] - smed['none']) / 1000:7.3f} us/step"
+            )
     st = probe.stats()
     print(
         f"  probe: {st['sent_records']} records sent, {st['drops_full']} dropped (socket "

@@ -17,6 +17,8 @@ step. Usage: python bench/transformers_overhead.py [--rounds R] [--requests N]
 import argparse
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -31,6 +33,24 @@ ROOT = Path(__file__).resolve().parent.parent
 
 _mono = time.monotonic_ns
 _cpu = time.thread_time_ns  # the generation thread's CPU time: blind to preemption
+
+
+# --sink: accept every connection and discard every datagram (no decoding).
+SINK = """
+import os, select, socket, sys
+srv = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+srv.bind(sys.argv[1] + ".tmp")
+srv.listen(16)
+os.rename(sys.argv[1] + ".tmp", sys.argv[1])
+socks = [srv]
+while True:
+    for s in select.select(socks, [], [])[0]:
+        if s is srv:
+            socks.append(srv.accept()[0])
+        elif not s.recv(65536):
+            socks.remove(s)
+            s.close()
+"""
 
 
 def preset_specs():
@@ -145,7 +165,25 @@ def main():
         action="store_true",
         help="both arms untraced: the method's own bias and noise (should be ~0)",
     )
+    parser.add_argument(
+        "--python-write",
+        action="store_true",
+        help="keep the probe on its Python record write (STALLSCOPE_PROBE_ACCEL=python)",
+    )
+    parser.add_argument(
+        "--no-daemon",
+        action="store_true",
+        help="no daemon listening: records are written, then dropped (no sends, no decoding)",
+    )
+    parser.add_argument(
+        "--sink",
+        action="store_true",
+        help="a process that only receives and discards the datagrams instead of the daemon: "
+        "the sends without the daemon's decoding and storing",
+    )
     args = parser.parse_args()
+    if args.python_write:
+        os.environ["STALLSCOPE_PROBE_ACCEL"] = "python"
 
     import torch
     from transformers import GenerationConfig
@@ -174,7 +212,14 @@ def main():
         manager = model.init_continuous_batching(
             generation_config=config, continuous_batching_config=cb
         )
-        probe = probe_client.connect(socket_path=daemon.socket, run_label="bench-transformers")
+        sock = str(tmp / "nobody.sock") if args.no_daemon else daemon.socket
+        sink = None
+        if args.sink:
+            sock = str(tmp / "sink.sock")
+            sink = subprocess.Popen([sys.executable, "-c", SINK, sock])
+            while not os.path.exists(sock):
+                time.sleep(0.01)
+        probe = probe_client.connect(socket_path=sock, run_label="bench-transformers")
         switch = attach_switchable(probe, preset_specs())
         if args.same_arms:
             switch.targets = [(c, n, o, o) for c, n, o, _ in switch.targets]
@@ -205,6 +250,9 @@ def main():
             manager.stop(block=True, timeout=10)
             probe.close()
             daemon.stop()
+            if sink is not None:
+                sink.kill()
+                sink.wait()
         con = duckdb.connect(str(db), read_only=True)
         stored = con.execute(
             "SELECT count(*) FROM spans WHERE kind = 'step' AND batch > 0"
@@ -218,7 +266,10 @@ def main():
             f"per step = {100 * added / step:.2f}% of the step ({len(diffs)} pairs)"
         )
     print(f"rounds: {args.rounds}; busy traced steps stored by the daemon: {stored}")
-    print(f"machine: {os.cpu_count()} CPUs, torch {torch.__version__}, threads 1")
+    print(
+        f"machine: {os.cpu_count()} CPUs, torch {torch.__version__}, threads 1; "
+        f"probe record write: {probe.accelerator}; daemon: {'no' if args.no_daemon else 'sink' if args.sink else 'yes'}"
+    )
 
 
 if __name__ == "__main__":

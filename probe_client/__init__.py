@@ -15,14 +15,25 @@ Usage::
 `connect()` never raises because the daemon is absent, and nothing the probe
 does on the engine's hot path raises, blocks, or leaves garbage behind (see
 `_probe.py`); `attach()` raises `AttachError` or `ExprError`, at set-up, for
-what it cannot wrap safely. Standard library only.
+what it cannot wrap safely. Standard library only; `ACCELERATOR` says
+whether the optional C record write (`_accel.c`, built at install when a
+compiler is there) is in use ("c") or not ("python"), and `probe.accelerator`
+says it for one probe.
 """
 
 from ._expr import ExprError
-from ._probe import DEFAULT_SOCKET, SOCKET_ENV, Probe
+from ._probe import ACCELERATOR, DEFAULT_SOCKET, SOCKET_ENV, Probe
 from ._wrap import AttachError
 
-__all__ = ["connect", "Probe", "AttachError", "ExprError", "DEFAULT_SOCKET", "SOCKET_ENV"]
+__all__ = [
+    "connect",
+    "Probe",
+    "AttachError",
+    "ExprError",
+    "ACCELERATOR",
+    "DEFAULT_SOCKET",
+    "SOCKET_ENV",
+]
 
 
 def connect(socket_path=None, run_label=None, gc=True, close_wait_ms=None):

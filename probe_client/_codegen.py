@@ -5,7 +5,9 @@ expressions (from `_expr.py`), this module writes the wrapper's source,
 compiles it once at attach time and dresses the result like the original
 (name, qualname, signature, docstring). The generated code is the hot path:
 between its two timestamps there is nothing but the user's call, and after
-them only plain reads, one record write under the buffer lock and guarded
+them only plain reads, one record write (Python: under the buffer lock;
+with `_accel.c` built: one C call that writes when no thread holds the
+lock and otherwise declines to the Python write) and guarded
 bookkeeping; it allocates no tracked object, holds nothing strongly that
 would make a cycle, and never raises into the caller. Never on the hot path
 itself: this module only runs in `attach()`.
@@ -24,21 +26,58 @@ from ._wrap import _prefix_for, resolver, shape_for
 _TEMPLATE = """
 def {p}make({p}p, {p}target, {p}owner, {p}self, {p}kid, {p}true_name, {p}sid, {p}pack,
              {p}buf, {p}acquire, {p}release, {p}mono, {p}local, {p}int, {p}bool, {p}len,
-             {p}AttributeError, {p}Exception{defaults}):
+             {p}AttributeError, {p}Exception, {p}ids_get, {p}rec, {p}enter, {p}leave{defaults}):
     {async_}def {p}wrapper({params}):
+{state}        {p}result = None
+{start}        try:
+            {p}result = {await_}{p}target({call})
+            return {p}result
+        finally:
+{finish}    return {p}wrapper
+"""
+
+# The thread's state, looked up (and made on its first span) in Python.
+_STATE = """\
         try:
             {p}st = {p}local.st
         except {p}AttributeError:
             {p}st = {p}p._thread_state()
-{enter}        {p}result = None
-        {p}t0 = {p}mono()
-        try:
-            {p}result = {await_}{p}target({call})
-            return {p}result
-        finally:
+"""
+
+# The start and the end of a span: t0, the call, t1, the depth, the tags, the write.
+_START = """\
+{enter}        {p}t0 = {p}mono()
+"""
+
+_FINISH = """\
             {p}t1 = {p}mono()
-{leave}            try:
+{state_late}{leave}            try:
 {tags}
+{write}            except {p}Exception:
+                {p}p.errors += 1
+"""
+
+# C path, a synchronous wrapper: enter() finds the thread's state, raises
+# its depth and reads t0; without tags, leave() reads t1, lowers the depth
+# and writes, so the wrapper never looks the state up itself.
+_START_C = """\
+        {p}t0 = {p}enter()
+"""
+
+_FINISH_C = """\
+            try:
+                {p}r = {p}leave({p}t0)
+                if {p}r:
+                    if {p}r == 1:
+                        {p}p._flush({p}mono())
+                    else:
+                        {p}p._write_declined({p}local, {p}kid, {p}t0)
+            except {p}Exception:
+                {p}p.errors += 1
+"""
+
+# The record write, Python path: under the buffer lock, struct.pack_into.
+_WRITE_PY = """\
                 {p}acquire()
                 try:
                     {p}pos = {p}p._pos
@@ -62,9 +101,18 @@ def {p}make({p}p, {p}target, {p}owner, {p}self, {p}kid, {p}true_name, {p}sid, {p
                         {p}st.idle = None
                     if {p}t1 - {p}p._last_send_ns >= {interval} or {p}p._pos >= {half}:
                         {p}p._flush({p}t1)
-            except {p}Exception:
-                {p}p.errors += 1
-    return {p}wrapper
+"""
+
+# The record write, C path (`_accel.c`): one call that writes the records and
+# does the outermost bookkeeping; it answers 1 when a flush is due and 2 when
+# it left everything to the Python path (lock held, buffer full, odd values).
+_WRITE_C = """\
+                {p}r = {p}rec({p}st, {p}t0, {p}t1)
+                if {p}r:
+                    if {p}r == 1:
+                        {p}p._flush({p}t1)
+                    else:
+                        {p}p._write_span({p}st, {p}kid, {p}t0, {p}t1)
 """
 
 _TAG = """\
@@ -77,7 +125,7 @@ _TAG = """\
 _TAG_BODIES = {
     "stage": (
         "                    {p}st.stage_id = ({p}sid({p}true_name) if {p}v is True else 0 if "
-        "({p}v is False or {p}v is None) else {p}sid({p}v))\n"
+        "({p}v is False or {p}v is None) else {p}ids_get({p}v) or {p}sid({p}v))\n"
     ),
     "batch": (
         "                    if {p}v is not None:\n"
@@ -122,6 +170,28 @@ def build(probe, plan, kid, exprs, consts):
     if plan.mode == "weak":
         call = f"{prefix}owner(), {call}" if call else f"{prefix}owner()"
     defaults = "".join(f", {name}" for name in shape.defaults)
+    accel = probe._accel is not None
+    parts = {
+        "p": prefix,
+        # An async span does not nest: other tasks run on this thread while
+        # it awaits, so it neither raises the thread's depth nor expects it.
+        "enter": "" if is_async else f"        {prefix}st.depth += 1\n",
+        "leave": "" if is_async else f"            {prefix}st.depth -= 1\n",
+        "tags": "".join(tags) or "                pass",
+        "write": (_WRITE_C if accel else _WRITE_PY).format(p=prefix, **consts),
+    }
+    c_start = accel and not is_async
+    c_finish = c_start and not tags
+    # With enter() the state is looked up after the call, for the tags only.
+    parts["state_late"] = (
+        _STATE.format(p=prefix)
+        .replace("\n        ", "\n            ")
+        .replace("        try", "            try", 1)
+        if c_start and not c_finish
+        else ""
+    )
+    start = _START_C if c_start else _START
+    finish = _FINISH_C if c_finish else _FINISH
     source = _TEMPLATE.format(
         p=prefix,
         defaults=defaults,
@@ -129,12 +199,9 @@ def build(probe, plan, kid, exprs, consts):
         await_="await " if is_async else "",
         params=shape.params_src,
         call=call,
-        # An async span does not nest: other tasks run on this thread while
-        # it awaits, so it neither raises the thread's depth nor expects it.
-        enter="" if is_async else f"        {prefix}st.depth += 1\n",
-        leave="" if is_async else f"            {prefix}st.depth -= 1\n",
-        tags="".join(tags) or "                pass",
-        **consts,
+        state="" if c_start else _STATE.format(p=prefix),
+        start=start.format(**parts),
+        finish=finish.format(**parts),
     )
     namespace = {}
     exec(compile(source, f"<stallscope wrapper kind={kid}>", "exec"), namespace)
@@ -157,12 +224,33 @@ def build(probe, plan, kid, exprs, consts):
         len,
         AttributeError,
         Exception,
+        probe._ids.get,  # a known stage's id without a method call; ids are >= 1
+        *_c_calls(probe, kid, consts),
         *shape.defaults.values(),
     )
     # An instance's wrapper must not hold the bound method (a cycle through
     # the instance): it shows the function it calls.
     _dress(wrapper, plan.shown, plan.target if plan.mode == "weak" else plan.shown)
     return wrapper
+
+
+def _c_calls(probe, kid, consts):
+    """rec, enter and leave of one wrapper's `_accel.Writer` (Nones on the
+    Python path). The writer holds the probe's attribute dict, buffer and lock."""
+    if probe._accel is None:
+        return None, None, None
+    writer = probe._accel.Writer(
+        vars(probe),
+        probe._buf,
+        probe._lock.locked,
+        probe._local,
+        probe._thread_state,
+        kid,
+        consts["full"],
+        consts["half"],
+        consts["interval"],
+    )
+    return writer.rec, writer.enter, writer.leave
 
 
 def _dress(wrapper, shown, wrapped):

@@ -142,6 +142,7 @@ class Connection:
             "realtime_ns": time.time_ns(),
             "monotonic_ns": now_mono,
             "client_version": wire.VERSION,
+            "accelerator": getattr(self, "accelerator", "python"),  # record write: c or python
         }
         data = json.dumps(info, separators=(",", ":")).encode()[: wire.HELLO_MAX]
         return bytes(self._header(wire.DGRAM_HELLO, 0, now_mono)) + data

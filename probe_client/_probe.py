@@ -11,7 +11,10 @@ records are written by the GC callback into a separate single-producer ring
 so the callback never takes the buffer lock (a collection can start while a
 thread holds it). This module holds the public API, the hot-path record
 writes and the GC callback; `_transport.py` the buffer and the socket,
-`_wrap.py`/`_codegen.py` the wrappers of `attach()`. Standard library only.
+`_wrap.py`/`_codegen.py` the wrappers of `attach()`. Standard library only:
+the C record write of `_accel.c` is used when it was built and imports, and
+the Python path here stays the definition of every record (`accelerator`
+says which one a probe uses).
 """
 
 import gc as _gc
@@ -20,6 +23,7 @@ import threading
 import weakref
 
 from . import _codegen, _wrap, wire
+from ._connection import _free_threaded
 from ._transport import (
     FLUSH_INTERVAL_NS,
     FULL_AT,
@@ -30,8 +34,16 @@ from ._transport import (
     _native_id,
 )
 
+try:  # built at install when a compiler was there; never required
+    from . import _accel
+except ImportError:
+    _accel = None
+
 DEFAULT_SOCKET = "/run/stallscope/probe.sock"
 SOCKET_ENV = "STALLSCOPE_SOCKET"
+# "python" (or 0, off, no) keeps a new probe on the Python record write even
+# where the C one is built: for comparisons, and as a way out of a bad build.
+ACCEL_ENV = "STALLSCOPE_PROBE_ACCEL"
 
 _pack_record = wire.RECORD.pack_into
 _REC_SPAN = wire.REC_SPAN
@@ -51,6 +63,20 @@ _CONSTS = {
     "pack": _pack_record,
     "mono": _monotonic_ns,
 }
+
+
+def _accel_for_new_probe():
+    """The C module if it is built, wanted, and safe in this interpreter."""
+    if _accel is None or _free_threaded():
+        # The C write relies on the GIL to be atomic: never without it.
+        return None
+    if os.environ.get(ACCEL_ENV, "").strip().lower() in ("0", "off", "no", "python"):
+        return None
+    return _accel
+
+
+# What a probe made now with the default environment uses: "c" or "python".
+ACCELERATOR = "c" if _accel is not None and not _free_threaded() else "python"
 
 
 class _ThreadState:
@@ -75,6 +101,9 @@ class Probe(Transport):
         self.socket_path = socket_path or os.environ.get(SOCKET_ENV) or DEFAULT_SOCKET
         self.run_label = run_label or ""
         self._want_gc = bool(gc)
+        self._accel = _accel_for_new_probe()
+        # Which record write this probe's wrappers use; also sent in HELLO.
+        self.accelerator = "c" if self._accel is not None else "python"
         self._init_buffers(close_wait_ms)
         self._ids = {}  # name (or enum) -> string id; kinds and stages
         self._names = []  # string id - 1 -> encoded name
@@ -263,9 +292,43 @@ class Probe(Transport):
 
     # ----- hot path internals ----------------------------------------------
     def _thread_state(self):
-        st = _ThreadState()
+        st = _ThreadState() if self._accel is None else self._accel.ThreadState(_native_id())
         self._local.st = st
         return st
+
+    def _write_declined(self, local, kid, t0):
+        """A C leave() that declined: the span it timed, by the Python path.
+        `local` is the wrapper's own (after a fork `self._local` is new)."""
+        st = local.st
+        self._write_span(st, kid, t0, st.last_end_ns)
+
+    def _write_span(self, st, kid, t0, t1):
+        """A wrapper's record write and outermost bookkeeping, Python path:
+        what `_codegen._WRITE_PY` inlines, for a C write that declined."""
+        self._lock.acquire()
+        try:
+            pos = self._pos
+            if pos >= FULL_AT:
+                self._send_full_locked(t1)
+                pos = self._pos
+            _pack_record(
+                self._buf, pos, _REC_SPAN, st.depth, kid, st.tid, t0, t1, st.stage_id, st.batch
+            )
+            if st.ext:
+                self._put_ext_locked(pos + _RS, st.work, st.idle)
+            else:
+                self._pos = pos + _RS
+        finally:
+            self._lock.release()
+        if st.depth == 0:
+            st.stage_id = 0
+            st.batch = 0
+            if st.ext:
+                st.ext = 0
+                st.work = None
+                st.idle = None
+            if t1 - self._last_send_ns >= FLUSH_INTERVAL_NS or self._pos >= MOSTLY_FULL_AT:
+                self._flush(t1)
 
     def _sid(self, stage):
         sid = self._ids.get(stage)

@@ -1,7 +1,10 @@
 """The probe's transport: the record buffer, the GC ring, the sends and close.
 
 `Transport` is the base of `Probe`: it owns the preallocated datagram buffer
-(records are packed into it under one lock), the single-producer GC ring,
+(records are packed into it under one lock; the optional C write of
+`_accel.c` writes only while no thread holds it, the GIL making that write
+atomic, so every section here that holds the lock is still alone), the
+single-producer GC ring,
 the sends of RECORDS (sequence numbers, drops, the COUNTERS record after a
 GC ring overflow), the bounded wait for socket space at close and the BYE,
 the background flusher thread and the fork and exit hooks; `_connection.py`

@@ -67,7 +67,9 @@ fi
 # ~1 min from the machine's local torch wheel): the real-engine tests and
 # `make demo DEMO_ENGINE=transformers` need it; CI sets it.
 stamp=.venv/.stallscope-installed
-hash=$(cat pyproject.toml | sha256sum | cut -c1-16)
+# setup.py and _accel.c too: the editable install builds the probe client's
+# optional C record write in place, and a changed source needs a rebuild.
+hash=$(cat pyproject.toml setup.py probe_client/_accel.c | sha256sum | cut -c1-16)
 # STALLSCOPE_FLEET=1 adds the `fleet` extra (pyspark, ~450 MB): `make fleet`
 # and the Spark test need it; CI sets it.
 extras=daemon,test
@@ -85,6 +87,12 @@ if [ "$have" != "$hash $extras" ]; then
   say "installing stallscope and its Python packages into .venv (pip install -e .[$extras])"
   .venv/bin/pip install -q --disable-pip-version-check -e ".[$extras]"
   echo "$hash $extras" > "$stamp"
+  accel=$(.venv/bin/python -c 'import probe_client; print(probe_client.ACCELERATOR)' 2>/dev/null || echo "?")
+  if [ "$accel" = c ]; then
+    say "probe client: C record write built (probe_client/_accel.c)"
+  else
+    say "probe client: C record write not built (no C compiler or Python headers?): the stdlib path is used"
+  fi
 fi
 
 site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')

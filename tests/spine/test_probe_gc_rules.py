@@ -6,7 +6,8 @@ ticket that referenced the ticket). These tests instrument the toy engine
 completed submissions die by reference counting, that nothing unreachable is
 left behind, and that the probe adds no GC-tracked objects per step. They run
 with no daemon listening (the hot path is the same: records are dropped after
-being written) and with a live one.
+being written) and with a live one, on the C record write (where it is
+built) and on the Python one.
 """
 
 import gc
@@ -56,9 +57,15 @@ def gc_off():
         gc.enable()
 
 
-@pytest.fixture(params=["no-daemon", "live-daemon"])
-def probe(request, tmp_path):
-    if request.param == "no-daemon":
+@pytest.fixture(
+    params=["no-daemon", "live-daemon", "no-daemon/python-write", "live-daemon/python-write"]
+)
+def probe(request, tmp_path, monkeypatch):
+    # Both record writes (the C one where it is built, and the Python one)
+    # keep every rule here.
+    if request.param.endswith("/python-write"):
+        monkeypatch.setenv("STALLSCOPE_PROBE_ACCEL", "python")
+    if request.param.startswith("no-daemon"):
         p = probe_client.connect(socket_path=str(tmp_path / "absent.sock"), gc=False)
         yield p
         p.close()

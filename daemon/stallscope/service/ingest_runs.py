@@ -30,7 +30,7 @@ MAX_EVENTS_PER_RUN = 1000
 RUN_COLUMNS = (
     "run_id pid uid gid claimed_pid tid label host started_ns realtime_ns python "
     "implementation free_threaded gc_threshold gc_count freeze_count gc_enabled argv "
-    "client_token connected_ns last_seq"
+    "client_token connected_ns last_seq probe_accel"
 ).split()
 
 
@@ -254,9 +254,15 @@ class RunRegistry:
                     run.token,
                     now,
                     run.expected_seq - 1,
+                    _accel_name(info.get("accelerator")),
                 ),
             )
         )
+
+
+def _accel_name(v):
+    """The client's record write ('c', 'python'), else None (unknown or absent)."""
+    return v if v in ("c", "python") else None
 
 
 def _int(v, bits=64):

@@ -1,0 +1,499 @@
+/* probe_client._accel: the optional C record write of the probe's wrappers.
+ *
+ * One job: the part of an attached method's wrapper that runs after the
+ * user's call (the SPAN record, its SPAN_EXT, the outermost span's
+ * bookkeeping) in one C call instead of ~40 bytecodes, a lock round trip and
+ * a struct.pack_into. It writes exactly the bytes the Python path writes
+ * (wire.RECORD / wire.EXT_RECORD, little-endian; tests compare them) and
+ * never does anything else: it never sends, never blocks, never allocates
+ * a GC-tracked object, never calls back into Python code other than the
+ * buffer lock's locked(), and never raises into the caller. Anything it is
+ * not sure of (the lock is held, the buffer is full, a value out of range,
+ * an unexpected type) it leaves to the Python path by returning 2, so there
+ * is one definition of every corner case. The write takes no lock: it runs
+ * under the GIL, calls nothing that can release it, and only when no thread
+ * holds the buffer lock, so no critical section of the Python path can be
+ * in progress. The client works without this module (stdlib only); builds
+ * without the GIL (free-threaded) must not use it, and `_probe.py` checks.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+#include <string.h>
+#include <stdint.h>
+#include <time.h>
+
+#define RECORD_SIZE 32
+#define REC_SPAN 1
+#define REC_SPAN_EXT 4
+#define EXT_HAS_WORK 1
+#define EXT_HAS_IDLE 2
+#define EXT_IDLE 4
+
+/* rec()'s answers; the generated wrapper acts on them. */
+#define WROTE 0
+#define WROTE_FLUSH_DUE 1
+#define USE_PYTHON 2
+
+static PyObject *str_pos, *str_seqless, *str_last_send_ns, *str_st;
+static PyObject *answer[3];
+
+/* ----- ThreadState: the per-thread span state, read in C without lookups -- */
+
+typedef struct {
+    PyObject_HEAD
+    unsigned int tid;
+    int depth;
+    unsigned int stage_id;
+    unsigned int batch;
+    int ext;
+    PyObject *work; /* None or an int */
+    PyObject *idle; /* None or a bool */
+    unsigned long long last_end_ns; /* t1 of the last leave(): the Python path's */
+} ThreadState;
+
+static int
+ts_init(ThreadState *self, PyObject *args, PyObject *kwds)
+{
+    unsigned int tid;
+    static char *kwlist[] = {"tid", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "I", kwlist, &tid))
+        return -1;
+    self->tid = tid;
+    self->depth = 0;
+    self->stage_id = 0;
+    self->batch = 0;
+    self->ext = 0;
+    self->last_end_ns = 0;
+    Py_INCREF(Py_None);
+    Py_XSETREF(self->work, Py_None);
+    Py_INCREF(Py_None);
+    Py_XSETREF(self->idle, Py_None);
+    return 0;
+}
+
+static void
+ts_dealloc(ThreadState *self)
+{
+    Py_XDECREF(self->work);
+    Py_XDECREF(self->idle);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMemberDef ts_members[] = {
+    {"tid", T_UINT, offsetof(ThreadState, tid), 0, "native thread id"},
+    {"depth", T_INT, offsetof(ThreadState, depth), 0, "open spans on the thread"},
+    {"stage_id", T_UINT, offsetof(ThreadState, stage_id), 0, "current stage's string id"},
+    {"batch", T_UINT, offsetof(ThreadState, batch), 0, "current batch size (u32)"},
+    {"ext", T_INT, offsetof(ThreadState, ext), 0, "1: work or idle is set"},
+    {"work", T_OBJECT, offsetof(ThreadState, work), 0, "current work measure or None"},
+    {"idle", T_OBJECT, offsetof(ThreadState, idle), 0, "current idle mark or None"},
+    {"last_end_ns", T_ULONGLONG, offsetof(ThreadState, last_end_ns), 0,
+     "end of the last span leave() timed (monotonic ns)"},
+    {NULL}};
+
+/* Not GC-tracked: it holds only None, ints and bools, which hold nothing. */
+static PyTypeObject ThreadStateType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "probe_client._accel.ThreadState",
+    .tp_basicsize = sizeof(ThreadState),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Per-thread probe state; one per thread, made on the thread's first span.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)ts_init,
+    .tp_dealloc = (destructor)ts_dealloc,
+    .tp_members = ts_members,
+};
+
+/* ----- Writer: one per attached wrapper --------------------------------- */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *state;  /* the probe's __dict__: _pos, _seqless, _last_send_ns */
+    PyObject *buf;    /* the probe's bytearray */
+    PyObject *locked; /* the buffer lock's bound locked() */
+    PyObject *local;      /* the probe's threading.local: .st is the thread's state */
+    PyObject *make_state; /* the probe's _thread_state(): makes and stores one */
+    uint64_t cached_thread; /* PyThreadState id (never reused) of cached_st's thread */
+    PyObject *cached_st;    /* that thread's ThreadState: enter()/leave() skip the lookup */
+    unsigned int kind_id;
+    Py_ssize_t full_at;
+    Py_ssize_t half_at;
+    long long interval_ns;
+} Writer;
+
+static int
+writer_init(Writer *self, PyObject *args, PyObject *kwds)
+{
+    PyObject *state, *buf, *locked, *local, *make_state;
+    unsigned int kind_id;
+    Py_ssize_t full_at, half_at;
+    long long interval_ns;
+    static char *kwlist[] = {"state",   "buf",     "locked",      "local", "make_state",
+                             "kind_id", "full_at", "half_at", "interval_ns", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O!OOOInnL", kwlist, &PyDict_Type, &state,
+                                     &PyByteArray_Type, &buf, &locked, &local, &make_state,
+                                     &kind_id, &full_at, &half_at, &interval_ns))
+        return -1;
+    if (kind_id > 0xFFFF || full_at < 0 || full_at + RECORD_SIZE > PyByteArray_GET_SIZE(buf)) {
+        PyErr_SetString(PyExc_ValueError, "kind_id or buffer bounds out of range");
+        return -1;
+    }
+    Py_INCREF(state);
+    Py_XSETREF(self->state, state);
+    Py_INCREF(buf);
+    Py_XSETREF(self->buf, buf);
+    Py_INCREF(locked);
+    Py_XSETREF(self->locked, locked);
+    Py_INCREF(local);
+    Py_XSETREF(self->local, local);
+    Py_INCREF(make_state);
+    Py_XSETREF(self->make_state, make_state);
+    Py_CLEAR(self->cached_st);
+    self->cached_thread = 0;
+    self->kind_id = kind_id;
+    self->full_at = full_at;
+    self->half_at = half_at;
+    self->interval_ns = interval_ns;
+    return 0;
+}
+
+static int
+writer_traverse(Writer *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->state);
+    Py_VISIT(self->buf);
+    Py_VISIT(self->locked);
+    Py_VISIT(self->local);
+    Py_VISIT(self->make_state);
+    Py_VISIT(self->cached_st);
+    return 0;
+}
+
+static int
+writer_clear(Writer *self)
+{
+    Py_CLEAR(self->state);
+    Py_CLEAR(self->buf);
+    Py_CLEAR(self->locked);
+    Py_CLEAR(self->local);
+    Py_CLEAR(self->make_state);
+    Py_CLEAR(self->cached_st);
+    return 0;
+}
+
+static void
+writer_dealloc(Writer *self)
+{
+    PyObject_GC_UnTrack(self);
+    writer_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static inline void
+put_u16(unsigned char *p, unsigned int v)
+{
+    p[0] = (unsigned char)v;
+    p[1] = (unsigned char)(v >> 8);
+}
+
+static inline void
+put_u32(unsigned char *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (unsigned char)(v >> (8 * i));
+}
+
+static inline void
+put_u64(unsigned char *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        p[i] = (unsigned char)(v >> (8 * i));
+}
+
+/* A dict value that must be an exact int; -1 with no error set when it is not. */
+static inline int
+dict_int(PyObject *dict, PyObject *key, long long *out)
+{
+    PyObject *v = PyDict_GetItemWithError(dict, key); /* borrowed */
+    int overflow = 0;
+    if (v == NULL || !PyLong_CheckExact(v)) {
+        PyErr_Clear();
+        return -1;
+    }
+    *out = PyLong_AsLongLongAndOverflow(v, &overflow);
+    if (overflow || (*out == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        return -1;
+    }
+    return 0;
+}
+
+static inline int
+dict_set_int(PyObject *dict, PyObject *key, long long value)
+{
+    PyObject *v = PyLong_FromLongLong(value); /* ints are never GC-tracked */
+    int rc;
+    if (v == NULL)
+        return -1;
+    rc = PyDict_SetItem(dict, key, v);
+    Py_DECREF(v);
+    return rc;
+}
+
+static inline int
+as_u64(PyObject *v, uint64_t *out)
+{
+    if (!PyLong_CheckExact(v))
+        return -1;
+    *out = PyLong_AsUnsignedLongLong(v);
+    if (*out == (uint64_t)-1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return -1;
+    }
+    return 0;
+}
+
+static inline uint64_t
+monotonic_ns(void)
+{
+    /* The clock of time.monotonic_ns() on Linux. */
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static PyObject *
+answer_of(int code)
+{
+    PyErr_Clear();
+    Py_INCREF(answer[code]);
+    return answer[code];
+}
+
+/* The write of one span ending at t1; returns WROTE, WROTE_FLUSH_DUE or
+ * USE_PYTHON (nothing written). Mirrors the wrapper template's write. */
+static int
+write_span(Writer *self, ThreadState *st, uint64_t t0, uint64_t t1)
+{
+    PyObject *held;
+    long long pos, seqless = 0, last_send;
+    int ext_flags = 0;
+    long long work = 0;
+    unsigned char *p;
+    int flush_due = 0;
+
+    if (self->state == NULL)
+        return USE_PYTHON;
+    if (st->depth < 0 || st->depth > 255)
+        return USE_PYTHON; /* the Python path's struct.error, counted there */
+    if (st->ext) {
+        if (st->work != Py_None) {
+            int overflow = 0;
+            if (!PyLong_CheckExact(st->work))
+                return USE_PYTHON;
+            work = PyLong_AsLongLongAndOverflow(st->work, &overflow);
+            if (overflow || (work == -1 && PyErr_Occurred()))
+                return USE_PYTHON;
+            ext_flags = EXT_HAS_WORK;
+        }
+        if (st->idle == Py_True)
+            ext_flags |= EXT_HAS_IDLE | EXT_IDLE;
+        else if (st->idle == Py_False)
+            ext_flags |= EXT_HAS_IDLE;
+        else if (st->idle != Py_None)
+            return USE_PYTHON;
+    }
+    /* A thread inside a locked section (a send, a drain, the GC callback's
+     * drain) may be between two of its writes: let the Python path wait. */
+    held = PyObject_CallNoArgs(self->locked);
+    if (held != Py_False) {
+        Py_XDECREF(held);
+        return USE_PYTHON;
+    }
+    Py_DECREF(held);
+    if (dict_int(self->state, str_pos, &pos) < 0 || pos < 0 || pos >= self->full_at)
+        return USE_PYTHON; /* full: the Python path sends first */
+    if (st->ext && dict_int(self->state, str_seqless, &seqless) < 0)
+        return USE_PYTHON;
+    if (PyByteArray_GET_SIZE(self->buf) < pos + 2 * RECORD_SIZE)
+        return USE_PYTHON;
+    p = (unsigned char *)PyByteArray_AS_STRING(self->buf) + pos;
+    /* wire.RECORD "<BBHIQQII" */
+    p[0] = REC_SPAN;
+    p[1] = (unsigned char)st->depth;
+    put_u16(p + 2, self->kind_id);
+    put_u32(p + 4, st->tid);
+    put_u64(p + 8, t0);
+    put_u64(p + 16, t1);
+    put_u32(p + 24, st->stage_id);
+    put_u32(p + 28, st->batch);
+    pos += RECORD_SIZE;
+    if (st->ext) {
+        /* wire.EXT_RECORD "<BBHIqQII": type, flags, 0, 0, work, 0, 0, 0 */
+        p += RECORD_SIZE;
+        memset(p, 0, RECORD_SIZE);
+        p[0] = REC_SPAN_EXT;
+        p[1] = (unsigned char)ext_flags;
+        put_u64(p + 8, (uint64_t)work);
+        pos += RECORD_SIZE;
+        if (dict_set_int(self->state, str_seqless, seqless + 1) < 0)
+            return USE_PYTHON; /* only on memory exhaustion; nothing advanced */
+    }
+    if (dict_set_int(self->state, str_pos, pos) < 0) {
+        if (st->ext)
+            dict_set_int(self->state, str_seqless, seqless);
+        return USE_PYTHON;
+    }
+    if (st->depth == 0) {
+        st->stage_id = 0;
+        st->batch = 0;
+        if (st->ext) {
+            st->ext = 0;
+            Py_INCREF(Py_None);
+            Py_SETREF(st->work, Py_None);
+            Py_INCREF(Py_None);
+            Py_SETREF(st->idle, Py_None);
+        }
+        if (dict_int(self->state, str_last_send_ns, &last_send) < 0 ||
+            (long long)t1 - last_send >= self->interval_ns || pos >= self->half_at)
+            flush_due = 1;
+    }
+    return flush_due;
+}
+
+/* rec(st, t0, t1) -> 0 written, 1 written and a flush is due, 2 nothing
+ * written: take the Python path. For wrappers with tags: the wrapper has
+ * read t1 and lowered the depth before evaluating them. */
+static PyObject *
+writer_rec(Writer *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    uint64_t t0, t1;
+    if (nargs != 3 || Py_TYPE(args[0]) != &ThreadStateType || as_u64(args[1], &t0) < 0 ||
+        as_u64(args[2], &t1) < 0)
+        return answer_of(USE_PYTHON);
+    return answer_of(write_span(self, (ThreadState *)args[0], t0, t1));
+}
+
+/* The calling thread's ThreadState (borrowed from the cache), or NULL with
+ * no error set when it cannot be had without raising. The first span of a
+ * thread makes it through the probe's _thread_state(), so Python's
+ * `probe._local.st` and this are the same object. */
+static ThreadState *
+current_state(Writer *self)
+{
+    uint64_t thread = PyThreadState_GetID(PyThreadState_Get());
+    PyObject *st;
+    if (self->cached_st != NULL && self->cached_thread == thread)
+        return (ThreadState *)self->cached_st;
+    if (self->local == NULL)
+        return NULL;
+    st = PyObject_GetAttr(self->local, str_st);
+    if (st == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError)) {
+            PyErr_Clear();
+            return NULL;
+        }
+        PyErr_Clear();
+        st = PyObject_CallNoArgs(self->make_state);
+        if (st == NULL) {
+            PyErr_Clear();
+            return NULL;
+        }
+    }
+    if (Py_TYPE(st) != &ThreadStateType) {
+        Py_DECREF(st);
+        return NULL;
+    }
+    Py_XSETREF(self->cached_st, st);
+    self->cached_thread = thread;
+    return (ThreadState *)st;
+}
+
+/* enter() -> t0: the thread's depth goes up by one, then the clock is read. */
+static PyObject *
+writer_enter(Writer *self, PyObject *Py_UNUSED(ignored))
+{
+    ThreadState *st = current_state(self);
+    if (st != NULL)
+        st->depth += 1;
+    return PyLong_FromUnsignedLongLong(monotonic_ns());
+}
+
+/* leave(t0) -> as rec(): the clock is read (st.last_end_ns), the depth
+ * lowered, and the span written. For wrappers without tags. */
+static PyObject *
+writer_leave(Writer *self, PyObject *t0_obj)
+{
+    uint64_t t0, t1 = monotonic_ns();
+    ThreadState *st = current_state(self);
+    if (st == NULL)
+        return answer_of(USE_PYTHON);
+    st->last_end_ns = t1;
+    st->depth -= 1;
+    if (as_u64(t0_obj, &t0) < 0)
+        return answer_of(USE_PYTHON);
+    return answer_of(write_span(self, st, t0, t1));
+}
+
+static PyMethodDef writer_methods[] = {
+    {"rec", (PyCFunction)(void (*)(void))writer_rec, METH_FASTCALL,
+     "rec(st, t0, t1): 0 written, 1 written and a flush is due, 2 take the Python path."},
+    {"enter", (PyCFunction)writer_enter, METH_NOARGS,
+     "enter() -> t0: the thread's depth + 1, then the clock."},
+    {"leave", (PyCFunction)writer_leave, METH_O,
+     "leave(t0): the clock (the thread's st.last_end_ns), depth - 1, then as rec()."},
+    {NULL}};
+
+static PyTypeObject WriterType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "probe_client._accel.Writer",
+    .tp_basicsize = sizeof(Writer),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "The record write of one attached wrapper (its kind id, its probe's buffer).",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)writer_init,
+    .tp_traverse = (traverseproc)writer_traverse,
+    .tp_clear = (inquiry)writer_clear,
+    .tp_dealloc = (destructor)writer_dealloc,
+    .tp_methods = writer_methods,
+};
+
+static struct PyModuleDef accel_module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "probe_client._accel",
+    .m_doc = "The optional C record write of the probe's wrappers (see _accel.c).",
+    .m_size = -1,
+};
+
+PyMODINIT_FUNC
+PyInit__accel(void)
+{
+    PyObject *m;
+    if (PyType_Ready(&ThreadStateType) < 0 || PyType_Ready(&WriterType) < 0)
+        return NULL;
+    str_pos = PyUnicode_InternFromString("_pos");
+    str_seqless = PyUnicode_InternFromString("_seqless");
+    str_last_send_ns = PyUnicode_InternFromString("_last_send_ns");
+    str_st = PyUnicode_InternFromString("st");
+    if (!str_pos || !str_seqless || !str_last_send_ns || !str_st)
+        return NULL;
+    for (int i = 0; i < 3; i++) {
+        answer[i] = PyLong_FromLong(i); /* small ints: cached, immortal enough */
+        if (answer[i] == NULL)
+            return NULL;
+    }
+    m = PyModule_Create(&accel_module);
+    if (m == NULL)
+        return NULL;
+    Py_INCREF(&ThreadStateType);
+    if (PyModule_AddObject(m, "ThreadState", (PyObject *)&ThreadStateType) < 0)
+        goto fail;
+    Py_INCREF(&WriterType);
+    if (PyModule_AddObject(m, "Writer", (PyObject *)&WriterType) < 0)
+        goto fail;
+    if (PyModule_AddIntConstant(m, "RECORD_SIZE", RECORD_SIZE) < 0)
+        goto fail;
+    return m;
+fail:
+    Py_DECREF(m);
+    return NULL;
+}
