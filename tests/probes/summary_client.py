@@ -20,6 +20,12 @@ import probe_client
 
 
 def counts():
+    # The clock is read before and after the /proc reads: reading a task's
+    # status takes its mm's lock, which another thread's allocation can hold,
+    # so the read itself may switch the thread out. The test counts rows from
+    # `ns_before` at the start to `ns` at the end, a window that holds every
+    # switch the two kernel counts differ by.
+    ns_before = time.monotonic_ns()
     tid = threading.get_native_id()
     with open(f"/proc/self/task/{tid}/status") as f:
         text = f.read()
@@ -27,7 +33,13 @@ def counts():
     inv = int(text.split("nonvoluntary_ctxt_switches:")[1].split()[0])
     with open(f"/proc/self/task/{tid}/schedstat") as f:
         oncpu_ns = int(f.read().split()[0])
-    return {"ns": time.monotonic_ns(), "vol": vol, "inv": inv, "oncpu_ns": oncpu_ns}
+    return {
+        "ns_before": ns_before,
+        "ns": time.monotonic_ns(),
+        "vol": vol,
+        "inv": inv,
+        "oncpu_ns": oncpu_ns,
+    }
 
 
 def main(socket_path, seconds):
