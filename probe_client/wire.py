@@ -71,3 +71,10 @@ U32_MAX = 0xFFFFFFFF
 # of at most HELLO_MAX bytes. Sent after HELLO; a daemon that predates it
 # counts it as `bad_kind` and carries on.
 DGRAM_EVENT = 4
+
+# A heap census (probe_client/_census.py): header kind 5, no records, then a
+# UTF-8 JSON object {phase, taken_ns, duration_ns, tracked, freeze_count,
+# threshold, count, top_n, other, other_types, types: [[module, qualname,
+# count], ...]} of at most HELLO_MAX bytes. Sent after HELLO, at connect (or
+# warm-up) and close only; a daemon that predates it counts it as `bad_kind`.
+DGRAM_CENSUS = 5

@@ -21,6 +21,7 @@ from collections import Counter
 
 from probe_client import wire
 from stallscope.errors import ConfigError, ServiceError
+from stallscope.service.ingest_census import CensusIngest
 from stallscope.service.ingest_records import RecordDecoder
 from stallscope.service.ingest_runs import RunRegistry
 from stallscope.service.sockets import bind_listening, prepare_path
@@ -59,7 +60,7 @@ class Connection:
         self.closing = False
 
 
-class Ingest(RunRegistry, RecordDecoder):
+class Ingest(RunRegistry, RecordDecoder, CensusIngest):
     """The probe socket and everything that comes through it."""
 
     def __init__(
@@ -250,6 +251,10 @@ class Ingest(RunRegistry, RecordDecoder):
             if run is None:
                 return self._reject(None, conn.pid, "no_hello")
             return self._event(run, data, conn.pid)
+        if kind == wire.DGRAM_CENSUS:
+            if run is None:
+                return self._reject(None, conn.pid, "no_hello")
+            return self._census(run, data, conn.pid)
         if kind != wire.DGRAM_RECORDS:
             return self._reject(run_id, conn.pid, "bad_kind")
         if run is None:
