@@ -2,7 +2,8 @@
 
 `start_from_environment()` is what the injected `sitecustomize` calls: it
 connects a probe labelled from `$STALLSCOPE_RUN_LABEL` (a child process gets
-its parent's label plus `/child-PID`, a fork `/fork-PID`), reads the attach
+its parent's label plus `/child-PID`, a fork `/fork-PID`) with the census
+and GC knobs of `$STALLSCOPE_CENSUS...`/`$STALLSCOPE_GC_...` (_gcknobs.py), reads the attach
 specs of `$STALLSCOPE_ATTACH` and `$STALLSCOPE_ATTACH_FILE`, patches the
 targets whose modules are already imported, and installs a post-import hook
 (a `sys.meta_path` finder that wraps the found loader's `exec_module`) that
@@ -18,7 +19,7 @@ import os
 import sys
 import threading
 
-from . import _expr, _specs
+from . import _expr, _gcknobs, _specs
 from ._probe import Probe
 from ._transport import _live_probes
 
@@ -249,7 +250,12 @@ def start_from_environment():
         return _state["hooks"]
     pid = os.getpid()
     label, is_child = _label_for(pid)
-    probe = EventProbe(run_label=label)
+    try:
+        settings = _gcknobs.settings_from_environment()
+    except ValueError as exc:
+        _say(f"GC knobs not applied: {exc}")
+        settings = {}
+    probe = EventProbe(run_label=label, **settings)
     os.environ[PARENT_ENV] = f"{pid}:{label}"
     hooks = Hooks(probe, verbose=os.environ.get(VERBOSE_ENV) == "1")
     _state["hooks"] = hooks

@@ -40,7 +40,7 @@ def _name(tp):
     )
 
 
-def take_census(phase, top_n=DEFAULT_TOP_N, baseline=b""):
+def take_census(phase, top_n=DEFAULT_TOP_N, baseline=None):
     """(CENSUS payload as UTF-8 JSON bytes, this census's full histogram as bytes).
 
     `baseline` is the histogram bytes of an earlier census: then every row
@@ -59,9 +59,9 @@ def take_census(phase, top_n=DEFAULT_TOP_N, baseline=b""):
     ranked = by_name.most_common()
     top = ranked[: max(0, int(top_n))]
     rows = [[m, q, n] for (m, q), n in top]
-    if baseline:
+    if baseline is not None:
         before = {}
-        for i, line in enumerate(baseline.decode("utf-8").split("\n")):
+        for i, line in enumerate(baseline.decode("utf-8").split("\n") if baseline else ()):
             module, qualname, count = line.split("\0")
             before[(module, qualname)] = (int(count), i < top_n)
         listed = {key for key, _ in top}

@@ -91,7 +91,7 @@ class GcForensics:
         self._gc_knobs = knobs or None
         self._census = None
         self._census_top = _census.DEFAULT_TOP_N if census_top is None else max(1, int(census_top))
-        self._census_base = b""  # the start/warm census's full histogram (bytes: untracked)
+        self._census_base = None  # the start/warm census's full histogram (bytes: untracked)
         if census:
             self._census = "waiting" if census_after_s is not None else "start"
             if census_after_s is None:
@@ -147,7 +147,7 @@ class GcForensics:
 
     def _take_census(self, phase):
         try:
-            base = self._census_base if phase == "close" else b""
+            base = self._census_base if phase == "close" else None
             payload, histogram = _census.take_census(phase, self._census_top, base)
             if phase != "close":
                 self._census_base = histogram
