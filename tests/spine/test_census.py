@@ -11,8 +11,11 @@ while the run goes on.
 import gc
 import json
 
+import duckdb
+
 import probe_client
 from probe_client import _census, wire
+from stallscope.analysis import report
 
 
 class CensusGrower:
@@ -49,6 +52,15 @@ def test_census_names_the_grower_with_its_exact_count(daemon):
     assert phases == [("start", True, True, 30), ("close", True, True, 30)]
     assert daemon.scalar("SELECT census FROM runs") is True
     assert len(grown) == 23_456
+    con = duckdb.connect(str(daemon.db), read_only=True)
+    try:
+        text = report.build_report(con)
+    finally:
+        con.close()
+    growth = text.split("== Heap growth", 1)[1].split("==\n", 1)[1].split("\n== ", 1)[0]
+    first = growth.splitlines()[2]  # header, rule, then the top grower
+    assert f"{__name__}.CensusGrower" in first and "+23,456" in first, growth
+    print(text)
 
 
 def test_census_leaves_no_tracked_object_behind():
