@@ -135,13 +135,13 @@ class Connection:
         if self._sock is not None and self._strings_sent >= len(self._names):
             self._send_control()
 
-    def event(self, kind, target, message):
-        """Queue one run event (EVENT datagram) and send it if connected;
-        never raises. Not for the hot path."""
+    def event(self, kind, target, message, ts_ns=None):
+        """Queue one run event (EVENT datagram; `ts_ns`: when it happened,
+        default now) and send it if connected; never raises. Not for the hot path."""
         try:
             now = _monotonic_ns()
             payload = json.dumps(
-                {"kind": kind, "target": target, "message": message, "ts_ns": now},
+                {"kind": kind, "target": target, "message": message, "ts_ns": ts_ns or now},
                 separators=(",", ":"),
             ).encode("utf-8", "replace")[: wire.HELLO_MAX]
             with self._lock:

@@ -89,6 +89,8 @@ class GcForensics:
         if census_after_s is not None:
             census_after_s = parse_seconds(census_after_s, "census_after_s")
         self._gc_knobs = knobs or None
+        self._knob_lock = threading.Lock()
+        self._closed_knobs = False  # set at close: a freeze not begun is not begun
         self._census = None
         self._census_top = _census.DEFAULT_TOP_N if census_top is None else max(1, int(census_top))
         self._census_base = None  # the start/warm census's full histogram (bytes: untracked)
@@ -122,7 +124,11 @@ class GcForensics:
             self._take_census("warm")
 
     def _freeze_timer(self):
-        if self._closed:
+        with self._knob_lock:  # close() waits: the event must not be lost at exit
+            self._freeze_locked()
+
+    def _freeze_locked(self):
+        if self._closed or self._closed_knobs:
             return
         t0 = time.monotonic_ns()
         _gc.collect()
@@ -135,12 +141,17 @@ class GcForensics:
             "",
             f"gc.collect() then gc.freeze() {self._gc_knobs['freeze_after_s']:g} s after "
             f"connect: {frozen} objects frozen (freeze count {before + frozen}; took {ms:.1f} ms)",
+            ts_ns=t0,  # just before the collect: the daemon finds the pass it forced
         )
         if self._census is not None and not self._closed:
             # The census skips frozen objects: growth is counted from here.
             self._take_census("warm")
 
     def _close_census(self):
+        """At close, before anything else: let a running freeze finish and
+        report, then the close census."""
+        with self._knob_lock:
+            self._closed_knobs = True
         if self._census is not None:
             self._take_census("close")
             self._census = None

@@ -8,13 +8,18 @@
 -- happened since the last one AND the objects that survived into generation
 -- 2 since then exceed 25% of the long-lived heap (the "25% rule").
 
+-- Generation-2 passes the engine ran (a knob's own gc.collect() left out,
+-- see gc_forced_passes), each with the objects it walked, estimated only
+-- between the two censuses (NULL outside them).
 CREATE OR REPLACE VIEW _gc_advice_pass AS
 SELECT g.run_id, g.start_ns, g.end_ns - g.start_ns AS pause_ns, g.collected,
-    p.tracked_start + (p.tracked_end - p.tracked_start)
-        * greatest(0.0, least(1.0, (g.start_ns - p.start_taken_ns)
-            / nullif(p.end_taken_ns - p.start_taken_ns, 0)::DOUBLE)) AS walked_est
+    CASE WHEN g.start_ns >= p.start_taken_ns AND g.start_ns <= p.end_taken_ns THEN
+        p.tracked_start + (p.tracked_end - p.tracked_start)
+            * ((g.start_ns - p.start_taken_ns) / nullif(p.end_taken_ns - p.start_taken_ns, 0)::DOUBLE)
+    END AS walked_est
 FROM gc_events g LEFT JOIN _heap_census_pair p USING (run_id)
-WHERE g.generation = 2;
+WHERE g.generation = 2
+  AND NOT EXISTS (SELECT 1 FROM gc_forced_passes f WHERE f.run_id = g.run_id AND f.start_ns = g.start_ns);
 
 -- One row per run with a generation-2 pass or a census.
 CREATE OR REPLACE VIEW gc_advice AS
@@ -30,7 +35,7 @@ WITH g AS (
 ), gi AS (
     SELECT run_id, median(gap_ns) AS interval_median_ns FROM (
         SELECT run_id, start_ns - lag(start_ns) OVER (PARTITION BY run_id ORDER BY start_ns) AS gap_ns
-        FROM gc_events WHERE generation = 2)
+        FROM _gc_advice_pass)
     WHERE gap_ns IS NOT NULL GROUP BY run_id
 ), g1 AS (
     SELECT run_id, count(*) FILTER (generation = 1) AS gen1_count FROM gc_events GROUP BY run_id
@@ -43,7 +48,7 @@ SELECT
     r.python,                                                        -- interpreter version (the GC's rules depend on it)
     r.gc_freeze_after_s,                                             -- knob applied to this run (NULL: none)
     r.gc_threshold_set,                                              -- knob applied to this run (NULL: none)
-    coalesce(g.gen2_count, 0) AS gen2_count,                         -- generation-2 passes
+    coalesce(g.gen2_count, 0) AS gen2_count,                         -- generation-2 passes (a knob's own gc.collect() not counted)
     coalesce(g1.gen1_count, 0) AS gen1_count,                        -- generation-1 passes
     round(g.pause_median_ns / 1e6, 3) AS pause_median_ms,            -- median gen-2 pause, ms
     round(g.pause_max_ns / 1e6, 3) AS pause_max_ms,                  -- longest gen-2 pause, ms
