@@ -108,7 +108,7 @@ def run_compare(args):
 
     if args.arm and (args.run_a or args.run_b):
         raise AccessError("give either RUN_A RUN_B or --arm A --arm B, not both")
-    if not args.arm and not (args.run_a and args.run_b):
+    if len(args.arm) == 1 or not (args.arm or (args.run_a and args.run_b)):
         raise AccessError("give two runs (RUN_A RUN_B) or two arms (--arm A --arm B)")
     source = _open_readonly(args)
     try:
