@@ -69,6 +69,7 @@ COMMANDS = {
     ],
     "status": ["status"],
     "compare": ["compare", "before", "after"],
+    "compare_arms": ["compare", "--arm", "before", "--arm", "after"],
     "report": ["report"],
 }
 
