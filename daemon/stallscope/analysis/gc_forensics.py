@@ -87,12 +87,24 @@ def _advice_lines(a):
             f"objects = {a['ns_per_object']} ns"
         )
         walk_after = max(0, (a["walked_est"] or 0) - a["freeze_objects"])
+        if a["freeze_count_start"]:
+            out.append(
+                f"  already frozen: {_i(a['freeze_count_start'])} objects at the "
+                f"{a['census_from']} census, so its passes walk only the ~{_i(a['walked_est'])} "
+                f"unfrozen ones (the cost per object then includes freeing what they collect)"
+            )
+            return _threshold_lines(a, out)
         out.append(
             f"  gc.freeze() at the {a['census_from']} census would freeze "
             f"{_i(a['freeze_objects'])} objects; a gen-2 pass would then walk ~{_i(walk_after)}: "
             f"{a['ns_per_object']} ns x {_i(walk_after)} = {a['pause_after_freeze_est_ms']} ms "
             f"instead of {a['pause_median_ms']} ms"
         )
+    return _threshold_lines(a, out)
+
+
+def _threshold_lines(a, out):
+    n2 = a["gen2_count"]
     if n2 and a["threshold2"] is not None:
         eligible = a["eligible_per_gen2"]
         if a["threshold2_binding"]:
