@@ -14,6 +14,7 @@ import json
 import duckdb
 
 import probe_client
+from helpers.waiting import wait_for
 from probe_client import _census, wire
 from stallscope.analysis import report
 
@@ -114,3 +115,19 @@ def test_census_datagram_fits_one_datagram_with_long_names():
     info = json.loads(payload)
     assert sum(r[2] for r in info["types"]) + info["other"] == info["tracked"]
     assert len(objs) == 600
+
+
+def test_census_after_seconds_takes_the_start_census_late(daemon):
+    probe = probe_client.connect(
+        socket_path=daemon.socket, run_label="late", census=True, census_after_s=0.05
+    )
+    assert wait_for(lambda: probe._census == "taken")  # the timer's warm census
+    grown = [CensusGrower(i) for i in range(321)]
+    probe.close()
+    assert daemon.stop()[0] == 0
+    assert daemon.query("SELECT phase FROM heap_census_runs ORDER BY taken_ns") == [
+        ("warm",),
+        ("close",),
+    ]
+    row = daemon.query("SELECT growth FROM heap_growth WHERE type_name = 'CensusGrower'")
+    assert row == [(321,)] and len(grown) == 321
