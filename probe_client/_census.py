@@ -9,8 +9,9 @@ is exact for every type either census ranked; an "other" total,
 the number of tracked objects, `gc.get_freeze_count()`, the thresholds,
 `gc.get_count()` and the census's own duration. It is never called on the
 engine's hot path (only from connect, close, `Probe.mark("warm")` and the
-`census_after_s` timer); while it runs it holds the GIL, so it stalls every
-thread for its duration (measured and stored with it). What it leaves
+`census_after_s` timer); its heap walk and counting run in C holding the
+GIL, so every thread waits for most of its duration (measured and stored
+with it). What it leaves
 behind is bytes (never GC-tracked): no object survives it, and the objects
 it makes while counting are made after the heap list is taken, so they are
 not counted. `gc.get_objects()` omits frozen objects (`gc.freeze()`): the

@@ -56,8 +56,7 @@ DEMO = Command(
     run=run,
     examples=(
         "stallscope demo   # 45 s, then the report",
-        "stallscope demo --duration 10 --db demo.duckdb --out figures/   # keep what it made",
         "stallscope demo --engine transformers   # a real PyTorch engine, no source edit",
-        "stallscope demo --ab --duration 30   # the engine as is vs gc.freeze() after warm-up",
+        "stallscope demo --ab --db ab.duckdb   # as is vs gc.freeze() after warm-up, kept",
     ),
 )

@@ -129,8 +129,7 @@ COMPARE = Command(
     examples=(
         "stallscope compare before freeze   # two runs by label",
         "stallscope compare 1 2 --db /tmp/s.duckdb   # by run_id, another database",
-        "stallscope compare --arm asis --arm frozen   # A/B arms by label, several runs each",
-        "stallscope compare --arm 1,3,5 --arm 2,4,6   # arms by run ids",
+        "stallscope compare --arm asis --arm frozen   # A/B arms: labels or ids (1,3,5)",
     ),
 )
 
