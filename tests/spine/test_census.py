@@ -81,9 +81,11 @@ def test_census_leaves_no_tracked_object_behind():
         gc.enable()
     assert readings[2] == readings[0] and readings[4] == readings[0], readings
     assert not gc.is_tracked(payload) and not gc.is_tracked(histogram)
-    # gc.get_count()[0] moves by a few: CPython's list free list does not
-    # count a list it recycles (the list is reused, not a net object).
-    assert abs(readings[3] - readings[1]) <= 4 and abs(readings[5] - readings[3]) <= 4, readings
+    # gc.get_count()[0] moves by a few (2 alone, up to 8 inside the whole
+    # suite's process): CPython's free lists do not count a list or tuple
+    # they recycle. A census makes thousands of tracked objects while it
+    # runs; what is left of them in the count is this noise, not objects.
+    assert abs(readings[3] - readings[1]) <= 16 and abs(readings[5] - readings[3]) <= 16, readings
 
 
 def test_warm_mark_moves_the_baseline_and_a_bad_census_is_rejected(daemon):
@@ -122,7 +124,8 @@ def test_census_after_seconds_takes_the_start_census_late(daemon):
         socket_path=daemon.socket, run_label="late", census=True, census_after_s=0.05
     )
     assert wait_for(lambda: probe._census == "taken")  # the timer's warm census
-    grown = [CensusGrower(i) for i in range(321)]
+    # many, so that it ranks in the top 30 even in a large test process
+    grown = [CensusGrower(i) for i in range(54_321)]
     probe.close()
     assert daemon.stop()[0] == 0
     assert daemon.query("SELECT phase FROM heap_census_runs ORDER BY taken_ns") == [
@@ -130,4 +133,4 @@ def test_census_after_seconds_takes_the_start_census_late(daemon):
         ("close",),
     ]
     row = daemon.query("SELECT growth FROM heap_growth WHERE type_name = 'CensusGrower'")
-    assert row == [(321,)] and len(grown) == 321
+    assert row == [(54_321,)] and len(grown) == 54_321
