@@ -10,6 +10,10 @@ buffering + ingest decode cadence + fan-out) and transport (`arrival -
 sent_ns`). The first second is discarded. Run once with the daemon as it
 ships (decode every 100 ms) and once with decode every 20 ms
 (`--decode-ms`), side by side, to show what the pipeline's cadence costs.
+`--base DIR` (a checkout of an older commit, e.g. `git worktree add
+/tmp/api_base 713b38b`) adds that commit's daemon as it shipped, run
+interleaved with this one `--repeat` times, so old and new are measured in
+the same conditions; the table then gives the median of the repeats.
 
 Query: after the latency run, `SELECT *` of the stored spans and of a
 synthetic 2,000,000-row, 4-column result, through Query in ARROW_IPC and in
@@ -33,8 +37,17 @@ from stallscope.api.v1 import stallscope_pb2 as pb
 from stallscope.demo.child import DaemonChild
 
 
-def emitter(socket_path, rate, seconds, go, out):
+def emitter(socket_path, rate, seconds, go, out, client_flush_ms=0):
     import probe_client
+
+    if client_flush_ms:
+        # The probe sends a thread's buffer when its oldest span is this old
+        # (20 ms as shipped): a shorter one shows the daemon's own share.
+        from probe_client import _probe, _transport
+
+        interval_ns = int(client_flush_ms * 1e6)
+        _probe._CONSTS["interval"] = _probe.FLUSH_INTERVAL_NS = interval_ns
+        _transport.FLUSH_INTERVAL_NS = interval_ns
 
     probe = probe_client.connect(socket_path=socket_path, run_label="latency", gc=False)
     go.wait()
@@ -56,14 +69,18 @@ def emitter(socket_path, rate, seconds, go, out):
     out.put((sent, probe.stats()))
 
 
-def start_daemon(tmp, decode_ms):
+def start_daemon(tmp, decode_ms, base=None):
     sock, api, db = (Path(tmp) / n for n in ("probe.sock", "api.sock", "bench.duckdb"))
-    preamble = None
-    if decode_ms > 0:  # 0: the daemon's own policy (20 ms while subscribed)
-        preamble = (
+    preamble = ""
+    if base:  # an older checkout's daemon (its own sources first on the path)
+        preamble += f"import sys; sys.path[:0] = [{str(Path(base) / 'daemon')!r}, {str(base)!r}]\n"
+    if decode_ms > 0:  # 0: the daemon's own policy (live decode while subscribed)
+        preamble += (
             "import stallscope.service.server as server\n"
             f"server.DECODE_INTERVAL_S = server.LIVE_DECODE_INTERVAL_S = {decode_ms / 1000.0!r}\n"
+            "server.LIVE_DECODE_MIN_S = server.DECODE_INTERVAL_S\n"
         )
+    preamble = preamble or None
     args = ["--api-socket", str(api), "--sched-backend", "none", "--gpu-backend", "none"]
     daemon = DaemonChild(sock, db, Path(tmp) / "daemon.log", args, preamble=preamble).start()
     return daemon, str(sock), str(api)
@@ -78,9 +95,9 @@ def pct(a, q):
     return float(np.percentile(a, q)) if len(a) else float("nan")
 
 
-def latency_run(rate, seconds, decode_ms, subscribe=True):
+def latency_run(rate, seconds, decode_ms, subscribe=True, base=None, query=True, client_flush_ms=0):
     with tempfile.TemporaryDirectory() as tmp:
-        daemon, sock, api = start_daemon(tmp, decode_ms)
+        daemon, sock, api = start_daemon(tmp, decode_ms, base)
         client = Client(api)
         client.wait_ready()
         total, daemon_side, transport = [], [], []
@@ -108,7 +125,7 @@ def latency_run(rate, seconds, decode_ms, subscribe=True):
         time.sleep(0.5)
         ctx = mp.get_context("spawn")  # no fork after gRPC has started threads
         go, out = ctx.Event(), ctx.Queue()
-        p = ctx.Process(target=emitter, args=(sock, rate, seconds, go, out))
+        p = ctx.Process(target=emitter, args=(sock, rate, seconds, go, out, client_flush_ms))
         p.start()
         time.sleep(0.5)
         t_start = time.monotonic_ns()
@@ -130,7 +147,9 @@ def latency_run(rate, seconds, decode_ms, subscribe=True):
         # discard the first second (connection warm-up)
         skip = min(len(total), int(rate))
         res = {
+            "daemon": "base" if base else "this",
             "decode_ms": decode_ms,
+            "client_flush_ms": client_flush_ms or 20,
             "rate": rate,
             "sent": sent,
             "subscribed": subscribe,
@@ -147,7 +166,7 @@ def latency_run(rate, seconds, decode_ms, subscribe=True):
             "transport_p99_ms": pct(transport[skip:], 99) / 1e6,
             "wall_s": (time.monotonic_ns() - t_start) / 1e9,
         }
-        qres = query_runs(client) if decode_ms == 0 and subscribe else None
+        qres = query_runs(client) if query and decode_ms == 0 and subscribe and not base else None
         client.close()
         daemon.stop(timeout_s=30)
         return res, qres
@@ -203,6 +222,40 @@ def query_runs(client):
     return out
 
 
+def compare(args):
+    """Base and this daemon as shipped (decode_ms 0), one subscriber,
+    interleaved `repeat` times; then the per-key median of every figure,
+    and each run's own row printed as it ends."""
+    runs = {"base": [], "this": []}
+    for i in range(args.repeat):
+        order = ("base", "this") if i % 2 == 0 else ("this", "base")
+        for who in order:
+            res, _ = latency_run(
+                args.rate,
+                args.seconds,
+                0,
+                base=args.base if who == "base" else None,
+                query=False,
+                client_flush_ms=args.client_flush_ms,
+            )
+            runs[who].append(res)
+            print(
+                f"  repeat {i + 1} {who}: cpu {res['daemon_cpu_pct']:.0f}% "
+                f"p50 {res['p50_ms']:.1f} p99 {res['p99_ms']:.1f} ms "
+                f"(daemon p99 {res['daemon_p99_ms']:.1f}), lost "
+                f"{res['client_drops'] + res['stream_dropped']}",
+                flush=True,
+            )
+    out = []
+    for rs in runs.values():
+        med = dict(rs[0])
+        for key, v in rs[0].items():
+            if isinstance(v, float):
+                med[key] = float(np.median([r[key] for r in rs]))
+        out.append(med)
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rate", type=float, default=10_000, help="spans per second")
@@ -215,25 +268,38 @@ def main():
         help="daemon decode interval(s) to compare; 0 = as shipped (100 ms, "
         "20 ms while a subscriber is connected). Default: 0 and 100",
     )
+    ap.add_argument("--base", help="checkout of an older commit to compare, side by side")
+    ap.add_argument("--repeat", type=int, default=1, help="interleaved repeats (median shown)")
+    ap.add_argument("--no-query", action="store_true", help="skip the Query throughput part")
+    ap.add_argument(
+        "--client-flush-ms",
+        type=float,
+        default=0,
+        help="the probe's send interval in the emitter (0 = as shipped, 20 ms)",
+    )
     args = ap.parse_args()
     results, qres = [], None
-    # First the daemon's CPU with no subscriber, as the reference for what one costs.
-    results.append(latency_run(args.rate, args.seconds, 100, subscribe=False)[0])
-    for decode_ms in args.decode_ms or [0, 100]:
-        res, q = latency_run(args.rate, args.seconds, decode_ms)
-        results.append(res)
-        qres = qres or q
+    if args.base:
+        results = compare(args)
+    else:
+        # First the daemon's CPU with no subscriber, as the reference for what one costs.
+        results.append(latency_run(args.rate, args.seconds, 100, subscribe=False)[0])
+        for decode_ms in args.decode_ms or [0, 100]:
+            res, q = latency_run(args.rate, args.seconds, decode_ms, query=not args.no_query)
+            results.append(res)
+            qres = qres or q
     print(
-        f"latency, {args.rate:.0f} spans/s for {args.seconds:.0f} s "
+        f"latency, {args.rate:.0f} spans/s for {args.seconds:.0f} s, probe send interval "
+        f"{args.client_flush_ms or 20:g} ms "
         "(marker end_ns -> subscriber arrival; first second dropped)"
     )
     print(
-        f"{'decode':>8}{'subs':>5}{'cpu%':>6}{'sent':>8}{'recv':>8}{'lost':>6}{'p50 ms':>9}"
+        f"{'daemon':>7}{'decode':>8}{'subs':>5}{'cpu%':>6}{'sent':>8}{'recv':>8}{'lost':>6}{'p50 ms':>9}"
         f"{'p99 ms':>9}{'max ms':>9}{'dmn p50':>9}{'dmn p99':>9}{'net p50':>9}{'net p99':>9}"
     )
     for r in results:
         print(
-            f"{r['decode_ms']:>6}ms{int(r['subscribed']):>5}{r['daemon_cpu_pct']:>6.0f}"
+            f"{r['daemon']:>7}{r['decode_ms']:>6}ms{int(r['subscribed']):>5}{r['daemon_cpu_pct']:>6.0f}"
             f"{r['sent']:>8}{r['received']:>8}"
             f"{r['client_drops'] + r['stream_dropped']:>6}{r['p50_ms']:>9.1f}"
             f"{r['p99_ms']:>9.1f}{r['max_ms']:>9.1f}{r['daemon_p50_ms']:>9.1f}"

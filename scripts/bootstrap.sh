@@ -20,7 +20,9 @@ cd "$(dirname "$0")/.."
 say() { printf 'bootstrap: %s\n' "$*" >&2; }
 
 PY=${PYTHON:-python3}
-DEB_PKGS=(python3-bpfcc linux-headers-amd64 linux-perf stress-ng systemd)
+# prometheus: the real server tests/metrics scrapes the daemon with (the
+# test fails without it under STALLSCOPE_REQUIRE_PRIVILEGED=1, as in CI).
+DEB_PKGS=(python3-bpfcc linux-headers-amd64 linux-perf stress-ng systemd prometheus)
 
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   missing=()
@@ -82,4 +84,21 @@ fi
 
 if [ -x scripts/gen_protos.sh ] && [ -d protos ]; then
   scripts/gen_protos.sh --if-stale
+fi
+
+# The Node.js client suite (tests/node: @grpc/grpc-js, @grpc/proto-loader)
+# needs its npm modules: `npm ci` from the committed package-lock.json, again
+# only when the lock file changed. Without npm the suite's test skips (and
+# fails under STALLSCOPE_REQUIRE_NODE=1, as in CI).
+if [ -f tests/node/package-lock.json ]; then
+  if command -v npm >/dev/null; then
+    lock=$(sha256sum tests/node/package-lock.json | cut -c1-16)
+    if [ "$(cat tests/node/node_modules/.stallscope-lock 2>/dev/null || true)" != "$lock" ]; then
+      say "installing the Node.js client suite's modules (npm ci in tests/node)"
+      (cd tests/node && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
+      echo "$lock" > tests/node/node_modules/.stallscope-lock
+    fi
+  else
+    say "npm not found: the Node.js client suite (tests/node) will be skipped; install nodejs and npm (Node 20+)"
+  fi
 fi

@@ -76,7 +76,7 @@ def _messages():
 _TELLS = re.compile(
     r"\b(?:raise|lower|increase|decrease|set)\s+(?:the\s+)?([a-z]+(?:[._][a-z0-9]+)+)"
 )
-_DOTTED = re.compile(r"(?<![\w.])((?:daemon|probes|retention|api)\.[a-z][a-z0-9_]*)\b")
+_DOTTED = re.compile(r"(?<![\w.])((?:daemon|probes|retention|api|metrics)\.[a-z][a-z0-9_]*)\b")
 _FILE_SUFFIXES = (".sock", ".log", ".py", ".toml", ".duckdb", ".sql")
 _FLAG = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]+)")
 

@@ -62,8 +62,23 @@ class ApiError(StallscopeError):
 
 
 class QueryError(StallscopeError):
-    """A Query the API refuses (not one read-only statement, a SQL error,
-    a timeout); sent back as INVALID_ARGUMENT."""
+    """A Query that cannot run as written (syntax, unknown names, types,
+    parameters, not exactly one statement); sent back as INVALID_ARGUMENT.
+    Its subclasses say when another status code fits better."""
+
+
+class QueryRefused(QueryError):
+    """What the sandbox refuses (writes, file reads, settings, extensions,
+    EXPLAIN ANALYZE); sent back as PERMISSION_DENIED."""
+
+
+class QueryTimeout(QueryError):
+    """A Query interrupted at its time limit; sent back as DEADLINE_EXCEEDED."""
+
+
+class QueryTooLarge(QueryError):
+    """A single result row larger than the message size limit; sent back as
+    RESOURCE_EXHAUSTED."""
 
 
 class NotSandboxed(StallscopeError):

@@ -208,3 +208,20 @@ def test_unexplained_alert_waits_for_late_kernel_events():
     _time.sleep(0.25)
     got = det.process([])  # nothing came: sent as unexplained
     assert got.to_pylist()[0]["cause"] == "unexplained" and not det.pending
+
+
+def test_sub_microsecond_steps_are_not_alerted_below_the_minimum_excess():
+    """200k steps of ~650 ns with noise used to give tens of thousands of
+    alerts; an excess under MIN_EXCESS_NS is never alerted, a real stall is."""
+    from stallscope.api.alerts import MIN_EXCESS_NS
+
+    fan, det = detector()
+    rng = np.random.default_rng(1)
+    durs = rng.choice([600, 650, 800, 1500, 9000], size=20_000, p=[0.4, 0.3, 0.2, 0.08, 0.02])
+    rows = [(1, 10, "step", "decode", 1, i * 2000, i * 2000 + int(d)) for i, d in enumerate(durs)]
+    assert det.process([(pb.SPAN, spans(rows))]) is None
+    assert det.small_excess > 1000  # the 1.2x rule alone would have fired this often
+    t = 20_000 * 2000
+    rows = [(1, 10, "step", "decode", 1, t, t + 650 + MIN_EXCESS_NS + 1)]
+    got = det.process([(pb.SPAN, spans(rows))])
+    assert got is not None and got.num_rows == 1

@@ -1,5 +1,6 @@
 """Query through the daemon: read-only, sandboxed, bounded; and the CLI/access path."""
 
+import json
 import os
 import subprocess
 import sys
@@ -13,6 +14,7 @@ from helpers.waiting import wait_for
 from stallscope.analysis import access
 from stallscope.api.client import ApiError, ApiSource, Client
 from stallscope.api.v1 import stallscope_pb2 as pb
+from stallscope.api.v1 import stallscope_pb2_grpc as pb_grpc
 
 N_STEPS = 600
 
@@ -38,10 +40,10 @@ def qd(tmp_path_factory):
     stop(d)
 
 
-def _refused(client, sql):
+def _refused(client, sql, code=grpc.StatusCode.INVALID_ARGUMENT):
     with pytest.raises(ApiError) as info:
         client.query(sql)
-    assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert info.value.code == code, str(info.value)
     return str(info.value)
 
 
@@ -87,7 +89,7 @@ def test_row_limit_cuts_and_says_so(qd):
 def test_time_limit_interrupts(qd):
     with pytest.raises(ApiError) as info:
         qd.client.query("SELECT count(*) FROM range(100000000000) a, range(1000) b", timeout_ms=300)
-    assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert info.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
     assert "time limit" in str(info.value)
     # the daemon answers the next query as usual
     assert qd.client.query("SELECT 42")[1] == [(42,)]
@@ -125,12 +127,20 @@ ESCAPES = {
     "read_blob_in_cte": "WITH x AS (SELECT * FROM read_blob('{db}')) SELECT count(*) FROM x",
     "explain_analyze": "EXPLAIN ANALYZE SELECT * FROM read_blob('{db}')",
 }
+# Malformed requests rather than refusals: INVALID_ARGUMENT. Every other
+# escape is the sandbox saying no: PERMISSION_DENIED.
+NOT_REFUSALS = {"two_statements", "query_fn"}
 
 
 @pytest.mark.parametrize("name", sorted(ESCAPES))
 def test_escape_refused(qd, name):
     sql = ESCAPES[name].format(out=qd.outside, db=qd.db)
-    message = _refused(qd.client, sql)
+    code = (
+        grpc.StatusCode.INVALID_ARGUMENT
+        if name in NOT_REFUSALS
+        else grpc.StatusCode.PERMISSION_DENIED
+    )
+    message = _refused(qd.client, sql, code)
     assert message  # the database's (or the API's) reason, for the user
     assert os.listdir(qd.outside) == []
     _, rows = qd.client.query("SELECT count(*), sum(batch) FROM spans")
@@ -263,3 +273,58 @@ def test_integers_beyond_64_bits_cross_the_api_both_ways(qd, big):
     msgs = list(qd.client.stub.Query(pb.QueryRequest(sql=f"SELECT {big}::HUGEINT AS h")))
     (value,) = [v for m in msgs for r in m.rows for v in r.values]
     assert value.WhichOneof("kind") == "string_value" and int(value.string_value) == big
+
+
+def test_results_are_cut_by_size_for_stock_clients(qd):
+    """10 MB of text in 10,000 rows reaches a client with gRPC's default 4 MiB
+    receive limit, in both formats, and no message is over the limit."""
+    plain = grpc.insecure_channel("unix:" + qd.api_socket)  # default limits
+    stub = pb_grpc.StallscopeStub(plain)
+    sql = "SELECT range AS i, repeat('x', 1000) AS s FROM range(10000)"
+    try:
+        for fmt in (pb.ROWS, pb.ARROW_IPC):
+            msgs = list(stub.Query(pb.QueryRequest(sql=sql, format=fmt), timeout=60))
+            assert msgs[-1].done and msgs[-1].total_rows == 10_000
+            assert max(m.ByteSize() for m in msgs) <= 4 << 20
+            assert len(msgs) >= 4  # ~10 MB cannot fit in fewer 4 MiB messages
+            if fmt == pb.ROWS:
+                rows = [r for m in msgs for r in m.rows]
+                assert [r.values[0].int_value for r in rows] == list(range(10_000))
+                assert all(r.values[1].string_value == "x" * 1000 for r in rows)
+            else:
+                import pyarrow as pa
+
+                n = sum(pa.ipc.open_stream(m.arrow_ipc).read_all().num_rows for m in msgs[:-1])
+                assert n == 10_000
+        # a smaller asked-for limit is kept too
+        msgs = list(stub.Query(pb.QueryRequest(sql=sql, max_message_bytes=100_000), timeout=60))
+        assert max(m.ByteSize() for m in msgs) <= 100_000
+        assert sum(len(m.rows) for m in msgs) == 10_000
+        # one row larger than the limit: a clear RESOURCE_EXHAUSTED, nothing half-sent
+        with pytest.raises(grpc.RpcError) as info:
+            list(stub.Query(pb.QueryRequest(sql="SELECT repeat('y', 5000000) AS big"), timeout=60))
+        assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "max_message_bytes" in info.value.details()
+    finally:
+        plain.close()
+    assert qd.client.query("SELECT 1")[1] == [(1,)]
+
+
+def test_values_are_typed_text_not_python_reprs(qd):
+    sql = (
+        "SELECT INTERVAL 1 MONTH + INTERVAL 2 DAY + INTERVAL 3 MICROSECOND AS i, "
+        "{'a': 1, 'b': [1, 2]} AS s, MAP {'k': 7} AS m, 1.25::DECIMAL(10, 2) AS d, "
+        "TIMESTAMP '2024-01-02 03:04:05.5' AS t, DATE '2024-01-02' AS dt, "
+        "[DATE '2024-01-03'] AS ld"
+    )
+    msgs = list(qd.client.stub.Query(pb.QueryRequest(sql=sql)))
+    values = [r for m in msgs for r in m.rows][0].values
+    text = [v.string_value for v in values]
+    assert json.loads(text[0]) == {"months": 1, "days": 2, "nanoseconds": 3000}
+    assert json.loads(text[1]) == {"a": 1, "b": [1, 2]}
+    assert json.loads(text[2]) == [{"key": "k", "value": 7}]
+    assert text[3] == "1.25"
+    assert text[4] == "2024-01-02T03:04:05.500000"
+    assert text[5] == "2024-01-02"
+    assert json.loads(text[6]) == ["2024-01-03"]
+    assert not any("MonthDayNano" in t or "Decimal(" in t or "datetime" in t for t in text)

@@ -207,9 +207,11 @@ def test_stalled_subscriber_loses_events_and_is_told(api_daemon, client):
     # Now the slow one reads: what it got plus what it was told it lost is everything.
     got = [e for e in slow_first if e.HasField("span")]
     dropped = []
+    in_order = list(slow_first)  # every event, as the stream numbered it
     deadline = time.monotonic() + 30
     for batch in slow:
         for e in batch.events:
+            in_order.append(e)
             if e.HasField("span"):
                 got.append(e)
             elif e.HasField("dropped"):
@@ -224,11 +226,30 @@ def test_stalled_subscriber_loses_events_and_is_told(api_daemon, client):
     assert len(got) + dropped[-1].total == sent
     assert len(got) < sent
     assert status.stream_events_dropped >= dropped[-1].total
-    # seq numbers stay gap-free: a drop is told, not hidden in a gap
-    seqs = [e.seq for e in got]
+    # seq numbers stay gap-free, Dropped notices included: a drop is told in
+    # its place, not hidden in a gap
+    seqs = [e.seq for e in in_order]
     assert seqs == list(range(len(seqs)))
-
+    # Each notice sits where the loss happened: the spans before it ended
+    # before its range, the spans after it start after it (one thread's steps
+    # are sequential), and its range holds exactly the events it counts, so
+    # a Query on it backfills the hole.
     stop(api_daemon)
+    for i, e in enumerate(in_order):
+        if not e.HasField("dropped"):
+            continue
+        d = e.dropped
+        assert list(d.kinds) == [pb.SPAN] and 0 < d.from_ns <= d.to_ns
+        before = [x.span for x in in_order[:i] if x.HasField("span") and x.span.stage == "load"]
+        after = [x.span for x in in_order[i + 1 :] if x.HasField("span")]
+        if before:
+            assert before[-1].end_ns <= d.from_ns
+        if after:
+            assert d.to_ns <= after[0].start_ns
+        backfill = api_daemon.scalar(
+            "SELECT count(*) FROM spans WHERE start_ns >= ? AND end_ns <= ?", [d.from_ns, d.to_ns]
+        )
+        assert backfill == d.count
     assert api_daemon.scalar("SELECT count(*) FROM spans") == sent
     assert api_daemon.scalar("SELECT coalesce(sum(count), 0) FROM losses") == 1 + n - sent
 

@@ -101,9 +101,12 @@ def test_client_less_gc_equals_the_processs_own_counts(tmp_path):
         if child.poll() is None:
             child.kill()
         daemon.stop()
-    (run_id, label, pid), *more = daemon.query("SELECT run_id, label, pid FROM runs")
+    (run_id, label, pid, ended_ns), *more = daemon.query(
+        "SELECT run_id, label, pid, ended_ns FROM runs"
+    )
     assert not more and pid == child.pid and "child.py" in label
     start_ns, end_ns = summary["window"]
+    assert ended_ns is not None and ended_ns > end_ns  # set when the process exited
     stored = dict(
         daemon.query(
             "SELECT generation, count(*) FROM gc_events WHERE run_id = ? "

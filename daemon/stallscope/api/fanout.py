@@ -5,10 +5,13 @@ The store calls `Fanout.on_batch(table, pa.Table)` on the producer's thread
 call must never block or do real work: it only appends a reference to each
 interested subscriber's queue, or, when the queue already holds its bound
 of rows, counts the batch's rows (after that subscriber's filters) as
-dropped. Filtering and protobuf conversion happen on the subscriber's own
-thread (its gRPC stream), so a slow or stalled subscriber loses its own
-events, is told so in-stream, and costs ingest and the other subscribers
-nothing. It never copies a batch and never touches the database.
+dropped. A loss is queued as a `DropMark` in its place among the queued
+batches (consecutive losses merge into one mark), with the lost events'
+time range and kinds, so the stream can say exactly where it lost what.
+Filtering and protobuf conversion happen on the subscriber's own thread
+(its gRPC stream), so a slow or stalled subscriber loses its own events, is
+told so in-stream, and costs ingest and the other subscribers nothing. It
+never copies a batch and never touches the database.
 """
 
 import threading
@@ -35,6 +38,9 @@ ALL_KINDS = frozenset(TABLE_KINDS.values())
 INTERVAL_KINDS = frozenset({pb.SPAN, pb.GC_PASS, pb.OFF_CPU, pb.RUN_QUEUE, pb.STALL_ALERT})
 # Events that carry a run_id (the others carry a pid).
 RUN_KINDS = frozenset({pb.SPAN, pb.GC_PASS, pb.STALL_ALERT})
+
+# Columns that give an event's time range, per kind (point events: ts_ns).
+_POINT_KINDS = frozenset({pb.MIGRATION, pb.GPU_SAMPLE})
 
 DEFAULT_QUEUE_EVENTS = 50_000
 MAX_QUEUE_EVENTS = 1_000_000
@@ -95,6 +101,43 @@ class Filter:
         return batch.filter(pc.fill_null(mask, False))
 
 
+class DropMark:
+    """Events lost at one place in a subscriber's queue (merged while last)."""
+
+    __slots__ = ("count", "total", "from_ns", "to_ns", "kinds")
+
+    def __init__(self):
+        self.count = 0
+        self.total = 0
+        self.from_ns = None
+        self.to_ns = None
+        self.kinds = set()
+
+    def add(self, kind, lost, total):
+        self.count += lost.num_rows
+        self.total = total
+        self.kinds.add(kind)
+        try:
+            first, last = time_range(kind, lost)
+        except Exception:
+            return
+        if first is not None:
+            self.from_ns = first if self.from_ns is None else min(self.from_ns, first)
+        if last is not None:
+            self.to_ns = last if self.to_ns is None else max(self.to_ns, last)
+
+
+def time_range(kind, batch):
+    """(earliest start, latest end) of a batch's events, ns; None when unknown."""
+    if kind in _POINT_KINDS:
+        start, end = "ts_ns", "ts_ns"
+    else:
+        start, end = "start_ns", "end_ns"
+    if start not in batch.column_names or end not in batch.column_names:
+        return None, None
+    return pc.min(batch[start]).as_py(), pc.max(batch[end]).as_py()
+
+
 class Subscriber:
     """One stream's bounded queue of (kind, pa.Table) references."""
 
@@ -128,26 +171,39 @@ class Subscriber:
             # The slow path, only when this subscriber is already behind:
             # count what it would have received, not what others wanted.
             try:
-                lost = self.filter.apply(kind, batch, runs).num_rows
+                lost = self.filter.apply(kind, batch, runs)
             except Exception:
-                lost = n
-            if not lost:
+                lost = batch
+            if not lost.num_rows:
                 return
             with self._lock:
-                self.dropped_pending += lost
-                self.dropped_total += lost
+                self.dropped_pending += lost.num_rows
+                self.dropped_total += lost.num_rows
+                mark = self._queue[-1] if self._queue else None
+                if not isinstance(mark, DropMark):
+                    mark = DropMark()
+                    self._queue.append(mark)
+                mark.add(kind, lost, self.dropped_total)
         self._wake.set()
 
-    def take(self, timeout_s):
-        """Consumer side: (items, dropped since last time); waits up to timeout_s."""
+    def take_ordered(self, timeout_s):
+        """Consumer side: queued (kind, batch) items and DropMarks, in the
+        order they happened; waits up to timeout_s for the first."""
         self._wake.wait(timeout_s)
         with self._lock:
             self._wake.clear()
             items = list(self._queue)
             self._queue.clear()
             self._queued_rows = 0
-            dropped, self.dropped_pending = self.dropped_pending, 0
-        return items, dropped
+            self.dropped_pending = 0
+        return items
+
+    def take(self, timeout_s):
+        """Consumer side: ((kind, batch) items, events dropped since last time)."""
+        items = self.take_ordered(timeout_s)
+        batches = [i for i in items if not isinstance(i, DropMark)]
+        dropped = sum(i.count for i in items if isinstance(i, DropMark))
+        return batches, dropped
 
     def close(self):
         self.closed = True
@@ -199,6 +255,23 @@ class Fanout:
 
     def dropped_total(self):
         return self.dropped_closed + sum(s.dropped_total for s in self._subscribers)
+
+    def runs_for(self, items):
+        """run -> pid for these queued items: re-read at once when one of
+        them names a run not yet known (a run's first records can reach the
+        stream a few ms after its hello, sooner than the periodic refresh)."""
+        runs = self.refresh_runs()
+        for item in items:
+            if isinstance(item, DropMark):
+                continue
+            kind, batch = item
+            if kind in RUN_KINDS and "run_id" in batch.column_names:
+                known = pc.is_in(
+                    batch["run_id"].cast(pa.int64()), value_set=pa.array(list(runs), pa.int64())
+                )
+                if not pc.all(pc.fill_null(known, True)).as_py():
+                    return self.refresh_runs(force=True)
+        return runs
 
     def refresh_runs(self, force=False):
         """Re-read run -> pid from ingest (at most every 50 ms unless forced)."""

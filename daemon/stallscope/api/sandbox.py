@@ -11,8 +11,11 @@ reads files is refused by name in the bound plan), run inside a READ ONLY
 transaction (so even
 a side-effecting function such as nextval() cannot write), at most
 `max_rows` rows, and a time limit enforced by interrupting the cursor from a
-timer. It never runs anything on the store's writer connection and never
-holds the store's locks; its only cost to ingest is CPU and DuckDB memory.
+timer. Its errors say which kind of failure it was (QueryError: bad SQL;
+QueryRefused: the sandbox said no; QueryTimeout: the time limit), so the
+API can answer with the matching status code. It never runs anything on the
+store's writer connection and never holds the store's locks; its only cost
+to ingest is CPU and DuckDB memory.
 """
 
 import json
@@ -22,7 +25,7 @@ import time
 
 import duckdb
 
-from stallscope.errors import NotSandboxed, QueryError
+from stallscope.errors import NotSandboxed, QueryError, QueryRefused, QueryTimeout
 
 ALLOWED_TYPES = {duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN}
 
@@ -59,6 +62,18 @@ _EXPLAIN_PREFIX = re.compile(r"^\s*EXPLAIN\s+", re.IGNORECASE)
 _EXPLAIN_ANALYZE = re.compile(r"^\s*EXPLAIN\s+(\(.*\bANALY[SZ]E\b|ANALY[SZ]E\b)", re.I | re.S)
 
 
+def db_error(exc):
+    """The QueryError for a DuckDB error: QueryRefused when the database's
+    own confinement refused it (file access, a write in the read-only
+    transaction), else QueryError (the statement itself is wrong)."""
+    message = str(exc).strip()
+    if isinstance(exc, duckdb.PermissionException) or (
+        isinstance(exc, duckdb.TransactionException) and "read-only" in message
+    ):
+        return QueryRefused(message)
+    return QueryError(message)
+
+
 def check_sandbox(cur):
     """Refuse to run anything unless the instance has no external access and
     its configuration is locked (whoever built the Store, and however)."""
@@ -89,7 +104,7 @@ def check_statement(cur, sql):
     stmt = statements[0]
     if stmt.type not in ALLOWED_TYPES:
         kind = str(stmt.type).rsplit(".", 1)[-1]
-        raise QueryError(
+        raise QueryRefused(
             f"{kind} statements are not allowed: the API is read-only "
             "(SELECT, EXPLAIN, DESCRIBE, SHOW, SUMMARIZE)"
         )
@@ -119,23 +134,23 @@ def check_reads_no_file(cur, stmt, params=None):
     text = stmt.query
     if stmt.type == duckdb.StatementType.EXPLAIN:
         if _EXPLAIN_ANALYZE.match(text):
-            raise QueryError("EXPLAIN ANALYZE runs the statement: use EXPLAIN, or run the SELECT")
+            raise QueryRefused("EXPLAIN ANALYZE runs the statement: use EXPLAIN, or run the SELECT")
         text = _EXPLAIN_PREFIX.sub("", text, count=1)
         if text.lstrip().startswith("("):  # EXPLAIN (FORMAT ...) SELECT
             text = text.lstrip()[text.lstrip().index(")") + 1 :]
     try:
         rows = cur.execute("EXPLAIN (FORMAT json) " + text, params or None).fetchall()
     except duckdb.Error as exc:
-        raise QueryError(str(exc).strip()) from None
+        raise db_error(exc) from None
     found = set()
     for row in rows:
         try:
             _plan_functions(json.loads(row[-1]), found)
         except (ValueError, TypeError):
-            raise QueryError("could not check the statement's plan; refused") from None
+            raise QueryRefused("could not check the statement's plan; refused") from None
     readers = sorted(f for f in found if _FILE_FUNCTION.match(f) and f not in _OWN_SCANS)
     if readers:
-        raise QueryError(
+        raise QueryRefused(
             f"reading files is not allowed through the API ({', '.join(readers)}): "
             "query the tables and views"
         )
@@ -173,10 +188,12 @@ class QueryRun:
 
     def _error(self, exc):
         if self.timed_out:
-            return QueryError(
+            return QueryTimeout(
                 f"query exceeded its time limit of {self.timeout_s * 1000:.0f} ms "
                 "and was interrupted (ask for fewer rows, or set timeout_ms)"
             )
+        if isinstance(exc, duckdb.Error):
+            return db_error(exc)
         return QueryError(str(exc).strip())
 
     def start(self):

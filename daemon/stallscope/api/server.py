@@ -2,11 +2,12 @@
 
 `start_api_server(daemon, api_socket, listen=None, tls_cert=None,
 tls_key=None, client_ca=None)` serves the Stallscope service plus standard
-health checking and reflection on a Unix socket (mode 0660, group
+health checking and reflection (v1 and v1alpha) on a Unix socket (mode 0660, group
 stallscope when it exists) and, only with a certificate and key, on TCP with
 TLS (mutual TLS when a client CA is given). It subscribes one listener to
 the store; live events flow through `fanout` (bounded per-subscriber
-queues), stall alerts come from `alerts`, SQL runs in `sandbox`. It never
+queues), stall alerts come from `alerts`, SQL runs in `sandbox` and is cut
+into messages by size in `query_stream`. It never
 writes to the database and never blocks a producer: the store listener only
 queues references. Plain-text TCP is refused, never silently served.
 """
@@ -20,17 +21,16 @@ import time
 from concurrent import futures
 
 import grpc
-import pyarrow as pa
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
-from stallscope.api import events
+from stallscope.api import events, query_stream, reflection
 from stallscope.api.alerts import StallDetector
-from stallscope.api.fanout import Fanout, Filter
+from stallscope.api.fanout import DropMark, Fanout, Filter
 from stallscope.api.sandbox import QueryRun
+from stallscope.api.status_parts import clock_pair, package_version, set_stats
 from stallscope.api.v1 import stallscope_pb2 as pb
 from stallscope.api.v1 import stallscope_pb2_grpc as pb_grpc
-from stallscope.api.values import from_value, to_value
+from stallscope.api.values import from_value
 from stallscope.errors import ApiConfigError, NotSandboxed, QueryError
 from stallscope.service.sockets import prepare_path
 
@@ -43,6 +43,15 @@ MAX_CONCURRENT_QUERIES = 2
 # this often to notice a cancelled client.
 STREAM_WAKE_S = 0.25
 MAX_EVENTS_PER_MESSAGE = 4096
+MAX_RUNS_PAGE = 1000
+# Subscribers inside the daemon (the stall detector; /metrics counting its
+# alerts): not event streams, so not counted as watchers, limited or reported.
+INTERNAL_SUBSCRIBERS = frozenset({"stall-detector", "metrics"})
+
+
+def _streams(fanout):
+    """The fanout's StreamEvents subscribers (internal ones left out)."""
+    return [s for s in fanout.subscribers if s.name not in INTERNAL_SUBSCRIBERS]
 
 
 def _read(path):
@@ -50,16 +59,17 @@ def _read(path):
         return f.read()
 
 
-def _rows(batch):
-    cols = [c.to_pylist() for c in batch.columns]
-    return [pb.Row(values=[to_value(v) for v in row]) for row in zip(*cols, strict=True)]
-
-
-def _ipc(batch):
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, batch.schema) as writer:
-        writer.write_batch(batch)
-    return sink.getvalue().to_pybytes()
+def _dropped_event(mark):
+    return pb.Event(
+        dropped=pb.Dropped(
+            count=mark.count,
+            total=mark.total,
+            reason="subscriber_queue_full",
+            from_ns=mark.from_ns or 0,
+            to_ns=mark.to_ns or 0,
+            kinds=sorted(mark.kinds),
+        )
+    )
 
 
 class StallscopeServicer(pb_grpc.StallscopeServicer):
@@ -75,7 +85,7 @@ class StallscopeServicer(pb_grpc.StallscopeServicer):
 
     # ----- StreamEvents -------------------------------------------------------------
     def StreamEvents(self, request, context):
-        if len(self.fanout.subscribers) >= MAX_SUBSCRIBERS + 1:  # +1: the detector
+        if len(_streams(self.fanout)) >= MAX_SUBSCRIBERS:
             context.abort(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
                 f"at most {MAX_SUBSCRIBERS} event streams at once",
@@ -90,34 +100,30 @@ class StallscopeServicer(pb_grpc.StallscopeServicer):
         sub = self.fanout.subscribe(flt, request.max_queue_events, name=context.peer())
         context.add_callback(sub.close)
         log.info("event stream opened by %s", context.peer())
-        needs_runs = bool(flt.pids or flt.run_ids)
         try:
             while not sub.closed and context.is_active():
-                items, dropped = sub.take(STREAM_WAKE_S)
-                if not items and not dropped:
+                # Woken by the producer as soon as a batch is queued (no
+                # polling cadence of its own); the timeout only notices a
+                # cancelled client.
+                items = sub.take_ordered(STREAM_WAKE_S)
+                if not items:
                     continue
                 out = []
-                if dropped:
-                    out.append(
-                        pb.Event(
-                            dropped=pb.Dropped(
-                                count=dropped,
-                                total=sub.dropped_total,
-                                reason="subscriber_queue_full",
-                            )
-                        )
-                    )
-                runs = self.fanout.refresh_runs() if (needs_runs or items) else {}
-                for kind, batch in items:
+                runs = self.fanout.runs_for(items)
+                for item in items:
+                    if isinstance(item, DropMark):
+                        # In its place: what came before it was delivered.
+                        out.append(_dropped_event(item))
+                        continue
+                    kind, batch = item
                     chosen = flt.apply(kind, batch, runs)
                     if chosen.num_rows:
                         out.extend(events.to_events(kind, chosen, runs))
                 for i in range(0, len(out), MAX_EVENTS_PER_MESSAGE):
                     part = out[i : i + MAX_EVENTS_PER_MESSAGE]
                     for ev in part:
-                        if not ev.HasField("dropped"):
-                            ev.seq = sub.seq
-                            sub.seq += 1
+                        ev.seq = sub.seq
+                        sub.seq += 1
                     yield pb.EventBatch(events=part, sent_ns=time.monotonic_ns())
             if self.shutting_down and context.is_active():
                 # Not OK: a client must be able to tell "the daemon went away"
@@ -150,37 +156,23 @@ class StallscopeServicer(pb_grpc.StallscopeServicer):
                     batch_rows=request.batch_rows,
                 ).start()
             except QueryError as exc:
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+                context.abort(query_stream.status_code(exc), str(exc))
             except NotSandboxed as exc:
                 log.error("%s", exc)
                 context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
             # Timer and cursor must go when the client cancels mid-stream.
             context.add_callback(run.close)
             columns = [pb.Column(name=n, type=t) for n, t in run.columns]
-            first = True
-            arrow = request.format == pb.ARROW_IPC
             try:
-                for batch in run.batches():
-                    msg = pb.QueryResponse()
-                    if first:
-                        msg.columns.extend(columns)
-                    if arrow:
-                        msg.arrow_ipc = _ipc(batch)
-                    else:
-                        msg.rows.extend(_rows(batch))
-                    first = False
-                    yield msg
+                yield from query_stream.messages(
+                    run,
+                    request.format == pb.ARROW_IPC,
+                    query_stream.message_limit(request.max_message_bytes),
+                    columns,
+                )
             except QueryError as exc:
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-            last = pb.QueryResponse(
-                done=True,
-                truncated=run.truncated,
-                total_rows=run.rows,
-                elapsed_us=int(run.elapsed_s * 1e6),
-            )
-            if first:
-                last.columns.extend(columns)
-            yield last
+                run.close()
+                context.abort(query_stream.status_code(exc), str(exc))
         finally:
             self._queries.release()
 
@@ -192,12 +184,21 @@ class StallscopeServicer(pb_grpc.StallscopeServicer):
         finally:
             cur.close()
 
-    def _runs(self, live_only=False):
+    def _runs(self, live_only=False, before_run_id=None, limit=None):
+        where = []
+        params = []
+        if live_only:
+            where.append("ended_ns IS NULL")
+        if before_run_id is not None:
+            where.append("run_id < ?")
+            params.append(before_run_id)
         rows = self._sql(
             "SELECT run_id, pid, label, python, started_ns, connected_ns, ended_ns, "
-            "records, connections FROM runs "
-            + ("WHERE ended_ns IS NULL " if live_only else "")
+            "records, connections, host, realtime_ns FROM runs "
+            + ("WHERE " + " AND ".join(where) + " " if where else "")
             + "ORDER BY run_id DESC"
+            + (f" LIMIT {int(limit)}" if limit else ""),
+            params,
         )
         return [
             pb.RunSummary(
@@ -211,6 +212,8 @@ class StallscopeServicer(pb_grpc.StallscopeServicer):
                 live=r[6] is None,
                 records=r[7] or 0,
                 connections=r[8] or 0,
+                host=r[9] or "",
+                realtime_start_ns=r[10] or 0,
             )
             for r in rows
         ]
@@ -218,11 +221,15 @@ class StallscopeServicer(pb_grpc.StallscopeServicer):
     def GetStatus(self, request, context):
         d = self.daemon
         store = d.store
+        realtime_ns, monotonic_ns = clock_pair()
         st = pb.Status(
-            version=_version(),
+            version=package_version(),
             daemon_pid=os.getpid(),
             uptime_ns=time.monotonic_ns() - self.started_ns,
             db_path=store.path,
+            realtime_offset_ns=realtime_ns - monotonic_ns,
+            monotonic_ns=monotonic_ns,
+            host=getattr(d.ingest, "host", "") or socket.gethostname(),
         )
         st.db_bytes = sum(
             os.path.getsize(p) for p in (store.path, store.path + ".wal") if os.path.exists(p)
@@ -242,12 +249,12 @@ class StallscopeServicer(pb_grpc.StallscopeServicer):
                 probe=probe, backend=backend or "", state=state or "", detail=detail or ""
             )
             if probe in active:
-                ps.stats.update(_stats(active[probe]))
+                set_stats(ps, active[probe])
             st.probes.append(ps)
         for name, probe in active.items():  # not yet flushed to probe_status
             if name not in seen:
                 ps = pb.ProbeState(probe=name, backend=probe.backend, state="active")
-                ps.stats.update(_stats(probe))
+                set_stats(ps, probe)
                 st.probes.append(ps)
         try:
             st.connected_runs.extend(self._runs(live_only=True))
@@ -260,8 +267,11 @@ class StallscopeServicer(pb_grpc.StallscopeServicer):
         st.rows_written = store.rows_written
         st.rows_lost = store.rows_lost
         st.pending_rows = store.pending_rows
-        st.subscribers = max(0, len(self.fanout.subscribers) - 1)
-        st.stream_events_dropped = self.fanout.dropped_total() - self.detector.dropped
+        st.subscribers = len(_streams(self.fanout))
+        internal = [s for s in self.fanout.subscribers if s.name in INTERNAL_SUBSCRIBERS]
+        st.stream_events_dropped = self.fanout.dropped_total() - sum(
+            s.dropped_total for s in internal
+        )
         try:
             st.losses_recorded = self._sql("SELECT coalesce(sum(count), 0) FROM losses")[0][0]
         except Exception:
@@ -269,28 +279,30 @@ class StallscopeServicer(pb_grpc.StallscopeServicer):
         return st
 
     def ListRuns(self, request, context):
-        return pb.ListRunsResponse(runs=self._runs(live_only=request.live_only))
+        before = None
+        if request.page_token:
+            try:
+                before = int(request.page_token)
+            except ValueError:
+                context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"page_token {request.page_token!r} is not one this server gave: "
+                    "pass next_page_token of the previous answer, or '' for the first page",
+                )
+        if request.page_size < 0:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "page_size must be >= 0")
+        size = min(request.page_size, MAX_RUNS_PAGE) if request.page_size else None
+        # One more than asked says whether another page exists.
+        runs = self._runs(request.live_only, before, size + 1 if size else None)
+        resp = pb.ListRunsResponse(runs=runs[:size] if size else runs)
+        if size and len(runs) > size:
+            resp.next_page_token = str(runs[size - 1].run_id)
+        return resp
 
     def StartDiagnosis(self, request, context):
         from stallscope.service.deep import diagnosis_rpc
 
         return diagnosis_rpc(self.daemon, request, context)
-
-
-def _stats(probe):
-    try:
-        return {str(k): str(v) for k, v in (probe.status() or {}).items()}
-    except Exception as exc:
-        return {"error": f"{type(exc).__name__}: {exc}"}
-
-
-def _version():
-    try:
-        from importlib.metadata import version
-
-        return version("stallscope")
-    except Exception:
-        return "unknown"
 
 
 def _prepare_unix_socket(path):
@@ -316,7 +328,7 @@ class ApiServer:
     def live_subscribers(self):
         """Open StreamEvents streams (the stall detector not counted): the daemon
         may decode more often while someone watches (bench/results/api.md)."""
-        return max(0, len(self.fanout.subscribers) - 1)
+        return len(_streams(self.fanout))
 
     def stop(self, grace=0.5):
         """NOT_SERVING first (Health.Watch clients hear it), then streams end
@@ -363,9 +375,7 @@ def start_api_server(daemon, api_socket, listen=None, tls_cert=None, tls_key=Non
     pb_grpc.add_StallscopeServicer_to_server(servicer, server)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection(
-        (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
-    )
+    reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME), server)
 
     tcp_port = None
     old = os.umask(0o117)  # the socket file is born 0660, never wider

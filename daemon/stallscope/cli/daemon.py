@@ -106,6 +106,8 @@ def run(args):
         config=cfg,
         retention_limits=limits,
         stop_event=stopping.STOP,
+        metrics_listen=cfg["metrics.listen"] or None,
+        metrics_max_label_values=cfg["metrics.max_label_values"],
     )
     return daemon.run()
 
@@ -120,6 +122,7 @@ DAEMON = Command(
     examples=(
         "stallscope daemon --socket /tmp/probe.sock --db /tmp/s.duckdb   # by hand, as any user",
         f"stallscope daemon --config {config.DEFAULT_CONFIG}   # as the service runs it",
-        "stallscope daemon --api-socket /tmp/api.sock --pid 4242   # serve the API, trace a pid",
+        "stallscope daemon --api-socket /tmp/api.sock --metrics-listen 127.0.0.1:9464 "
+        "--pid 4242   # API, /metrics, trace a pid",
     ),
 )

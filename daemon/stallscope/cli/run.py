@@ -7,6 +7,8 @@ the run label) and then replaces itself with the command (`exec`), so its
 exit status, signals, stdio and pid are the command's own. It never runs
 the command under a shell, never waits for a daemon (an absent one is a
 warning), and never puts the daemon's packages on the command's path.
+`--no-client` injects nothing and has the daemon follow the command's GC
+from outside (cli/run_noclient.py).
 """
 
 import os
@@ -223,6 +225,12 @@ def _arguments(parser):
         metavar="A,B,C",
         help="gc.set_threshold(A, B, C) at start (recorded in runs)",
     )
+    parser.add_argument(
+        "--no-client",
+        action="store_true",
+        help="inject nothing: the daemon records the command's GC passes from outside "
+        "(CPython's USDT markers, e.g. Debian's /usr/bin/python3); no steps",
+    )
     parser.add_argument("--list-presets", action="store_true", help="list presets and exit")
     parser.add_argument(
         "--print-env",
@@ -243,6 +251,10 @@ def run_run(args):
         return 0
     if not command and not args.print_env:
         raise RunError("no command given: stallscope run [OPTIONS] -- CMD [ARGS...]")
+    if args.no_client:
+        if gc_environment(args):
+            raise RunError("--census and --gc-* act inside the process: not with --no-client")
+        return _run_without_client(args, command)
     env = build_env(args, command or ["python"])
     if args.print_env:
         for name in (
@@ -266,6 +278,30 @@ def run_run(args):
             file=sys.stderr,
         )
     env[_autoattach.CHECKED_ENV] = "1"
+    _exec(command, env)
+    return 0  # not reached
+
+
+def _run_without_client(args, command):
+    if args.print_env or args.attach or args.attach_file or args.preset:
+        raise RunError(
+            "--no-client injects nothing: --attach, --attach-file, --preset and "
+            "--print-env need the client"
+        )
+    from probe_client import DEFAULT_SOCKET
+    from stallscope.cli import run_noclient
+
+    path = args.socket or os.environ.get("STALLSCOPE_SOCKET") or DEFAULT_SOCKET
+    why = daemon_reachable(path)
+    if why is not None:
+        run_noclient.warn(f"no daemon at {path} ({why}); {command[0]} runs untraced")
+    else:
+        run_noclient.prepare(path, args.label or default_label(command), command[0])
+    _exec(command, dict(os.environ))
+    return 0  # not reached
+
+
+def _exec(command, env):
     sys.stdout.flush()
     sys.stderr.flush()
     try:
@@ -275,7 +311,6 @@ def run_run(args):
         error = RunError(f"{command[0]}: {exc.strerror}")
         error.exit_status = 127 if isinstance(exc, FileNotFoundError) else 126
         raise error from None
-    return 0  # not reached
 
 
 def _description(path):
@@ -297,6 +332,6 @@ RUN = Command(
     examples=(
         "stallscope run --preset transformers -- python serve.py   # HF continuous batching",
         "stallscope run --attach 'engine:Engine._step=step,batch=len(arg0)' -- python app.py",
-        "stallscope run --preset vllm --print-env   # the same for a systemd unit",
+        "stallscope run --no-client -- /usr/bin/python3 app.py   # GC only, nothing injected",
     ),
 )

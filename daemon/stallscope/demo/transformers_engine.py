@@ -113,9 +113,12 @@ def main(argv=None):
     parser.add_argument("--rate", type=float, default=8.0, help="arrivals per second")
     parser.add_argument("--gc-pressure", action="store_true")
     parser.add_argument("--exit-status", type=int, default=None)
+    parser.add_argument(
+        "--torch-threads", type=int, default=1, help="intra-op threads (2+: an OpenMP pool)"
+    )
     args = parser.parse_args(argv)
     window_start_ns, stats_before = gc_window_edge()
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.torch_threads)
     model = tiny_llama()
     config = GenerationConfig(
         max_new_tokens=args.max_new_tokens, do_sample=False, eos_token_id=-1, pad_token_id=0

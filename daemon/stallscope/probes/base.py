@@ -54,6 +54,20 @@ class ProbeSettings:
         "bcc backend: compare its switch counts with /proc's this often, ms",
         minimum=1,
     )
+    sched_detail: bool = _key(
+        False,
+        "bcc backend: an exact row per switch for every thread; off: threads that emit no "
+        "span (pool workers) are summarised in the kernel into sched_summary rows",
+    )
+    sched_summary_ms: float = _key(
+        50.0, "bcc backend: one sched_summary row per summarised thread this often, ms", minimum=1
+    )
+    sched_summary_after_ms: float = _key(
+        1000.0,
+        "bcc backend: summarise a thread once its process has run steps this long without it "
+        "emitting a span, ms",
+        minimum=0,
+    )
     sched_max_tids: int = _key(
         65536, "bcc backend: threads followed at once (kernel map entries)", minimum=1
     )

@@ -3,10 +3,13 @@
 CPython built `--with-dtrace` (Debian's, Ubuntu's and Fedora's `python3`)
 has the USDT markers `gc__start(generation)` and `gc__done(collected)`.
 `follow(pid, run_id)` attaches `gc_usdt.c` to them for one process (the
-daemon's `--pid`), pairs start and done per thread in the kernel, and a
+daemon's `--pid`, or a pid `stallscope run --no-client` asked for through
+service/watch.py), pairs start and done per thread in the kernel, and a
 reader thread drains the ring buffers every `sched_poll_ms` into
 `gc_events` rows of that run (`uncollectable` and `seq` NULL: the probes
-do not carry them). `usdt_missing(pid)` says why a process cannot be
+do not carry them). The reader also waits on a pidfd per process, so the
+moment a followed process exits (or hands over to a client) is passed to
+`on_end(pid, run_id, ended_ns)`, which sets the run's `ended_ns`. `usdt_missing(pid)` says why a process cannot be
 followed (an interpreter without the markers: pyenv and python.org builds).
 Enabling the markers raises their semaphores (CPython skips a marker whose
 semaphore is 0); bcc 0.26 does it by writing `/proc/PID/mem` (seen with
@@ -25,6 +28,7 @@ traced process, never stops it.
 import ctypes
 import logging
 import os
+import select
 import threading
 import time
 
@@ -61,6 +65,15 @@ def command_line(pid, proc_root="/proc"):
     return [a.decode("utf-8", "replace") for a in raw.split(b"\0") if a]
 
 
+def _pidfd(pid):
+    """A descriptor that becomes readable when `pid` exits (None when the
+    kernel has no pidfd_open: the reader then checks /proc each poll)."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
+
+
 class RECORD(ctypes.Structure):  # struct gc_record in gc_usdt.c
     _fields_ = [
         ("start_ns", ctypes.c_uint64),
@@ -72,12 +85,13 @@ class RECORD(ctypes.Structure):  # struct gc_record in gc_usdt.c
 
 
 class _Followed:
-    __slots__ = ("pid", "run_id", "bpf", "usdt", "rows", "lost_seen", "callback")
+    __slots__ = ("pid", "run_id", "bpf", "usdt", "rows", "lost_seen", "callback", "pidfd")
 
     def __init__(self, pid, run_id, bpf):
         self.pid = pid
         self.run_id = run_id
         self.bpf = bpf
+        self.pidfd = _pidfd(pid)
         self.rows = []  # (tid, generation, start_ns, end_ns, collected)
         self.lost_seen = 0
         self.callback = None  # the ring buffer's ctypes callback: kept alive here
@@ -113,6 +127,8 @@ class UsdtGcProbe(Probe):
         self._thread = None
         self.sink = None
         self.passes = 0
+        # on_end(pid, run_id, ended_ns): the process exited or a client took over.
+        self.on_end = None
 
     @staticmethod
     def usdt_missing(pid, proc_root="/proc"):
@@ -178,7 +194,7 @@ class UsdtGcProbe(Probe):
             followed = self._followed.pop(pid, None)
         if followed is not None:
             self._drain(followed)
-            followed.bpf.cleanup()
+            self._release(followed, time.monotonic_ns())
             log.info("gc probe: pid %d connected a probe client; USDT stops", pid)
             if self.sink is not None:
                 self.sink.status(
@@ -217,18 +233,50 @@ class UsdtGcProbe(Probe):
                 },
             )
 
+    def _release(self, followed, ended_ns):
+        try:
+            followed.bpf.cleanup()
+        except Exception as exc:
+            log.warning("gc probe: detaching from pid %d failed: %s", followed.pid, exc)
+        if followed.pidfd is not None:
+            os.close(followed.pidfd)
+            followed.pidfd = None
+        if self.on_end is not None and ended_ns is not None:
+            try:
+                self.on_end(followed.pid, followed.run_id, ended_ns)
+            except Exception:
+                log.exception("bug: ending the run of pid %d failed", followed.pid)
+
+    def _exited(self, followed, readable):
+        if followed.pidfd is not None:
+            return followed.pidfd in readable
+        return not os.path.exists(f"/proc/{followed.pid}")
+
     def _loop(self):
-        while not self._stop.wait(self.poll_s):
+        while not self._stop.is_set():
             with self._lock:
                 followed = list(self._followed.values())
+            fds = [f.pidfd for f in followed if f.pidfd is not None]
+            # The wait is the poll interval, cut short by an exit: ended_ns is
+            # the moment the kernel reported it, not the next tick.
+            try:
+                readable = set(select.select(fds, [], [], self.poll_s)[0]) if fds else set()
+            except (OSError, ValueError):  # a descriptor closed by track() meanwhile
+                readable = set()
+            if not fds:
+                self._stop.wait(self.poll_s)
+            ended_ns = time.monotonic_ns()
             for f in followed:
                 self._drain(f)
-                if not os.path.exists(f"/proc/{f.pid}"):
-                    with self._lock:
-                        self._followed.pop(f.pid, None)
-                    self._drain(f)
-                    f.bpf.cleanup()
-                    log.info("gc probe: pid %d exited", f.pid)
+                if not self._exited(f, readable):
+                    continue
+                with self._lock:
+                    if self._followed.get(f.pid) is not f:
+                        continue  # track() took it meanwhile
+                    del self._followed[f.pid]
+                self._drain(f)
+                self._release(f, ended_ns)
+                log.info("gc probe: pid %d exited", f.pid)
 
     def stop(self):
         self._stop.set()
@@ -238,10 +286,8 @@ class UsdtGcProbe(Probe):
             followed, self._followed = list(self._followed.values()), {}
         for f in followed:
             self._drain(f)
-            try:
-                f.bpf.cleanup()
-            except Exception:
-                pass
+            # Still running: the run ends with the daemon's coverage, not here.
+            self._release(f, None)
 
     def status(self):
         return {"pids": sorted(self._followed), "passes": self.passes}

@@ -11,7 +11,11 @@
 // interval, the run-queue wait it ends, and who: the task that preempted it
 // or the thread that woke it) and one per real migration. Pairing here,
 // keyed by tid, halves the record rate compared to emitting every switch and
-// wakeup and leaves user space a pure decode.
+// wakeup and leaves user space a pure decode. Threads user space put in
+// `summarised` (workers that never run a step) get no records at all: their
+// totals are added to their slot of the mmapped `summaries` array instead.
+// Their tids stay in `tid_tgid`, so a step thread's preemptor or waker
+// among them is still named with its tgid.
 
 #include <uapi/linux/ptrace.h>
 #include "sched_bcc.h"
@@ -24,6 +28,9 @@
 #endif
 #ifndef RINGBUF_PAGES
 #define RINGBUF_PAGES 1024
+#endif
+#ifndef MAX_SUMMARY
+#define MAX_SUMMARY 1024
 #endif
 
 #define STALL_CLONE_THREAD 0x00010000ULL
@@ -61,6 +68,10 @@ BPF_HASH(state, u32, struct tstate, MAX_TIDS);
 // tracepoint program that fires on that CPU meanwhile is skipped.
 BPF_F_TABLE("array", u32, struct counters, counters, 1, BPF_F_MMAPABLE);
 BPF_RINGBUF_OUTPUT(events, RINGBUF_PAGES);
+// Threads summarised instead of reported event by event (pool workers that
+// never emit a span: user space decides), tid -> slot of `summaries`.
+BPF_HASH(summarised, u32, u32, MAX_SUMMARY);
+BPF_F_TABLE("array", u32, struct summary, summaries, MAX_SUMMARY, BPF_F_MMAPABLE);
 // Never written: its value type tells user space the compiled record layout.
 BPF_ARRAY(layout_record, struct record, 1);
 // Per CPU: how deep in interrupt context (hard IRQ, softirq, hrtimer
@@ -92,6 +103,16 @@ static __always_inline void emit(struct record *r)
     // The reader polls on a timer and drains in batches; waking it per
     // record would add a context switch per event to the host.
     events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+}
+
+// The summary slot of a summarised thread (NULL: the thread is reported exactly).
+static __always_inline struct summary *summary_of(u32 tid)
+{
+    u32 *slot = summarised.lookup(&tid);
+    if (!slot)
+        return NULL;
+    u32 index = *slot;
+    return summaries.lookup(&index);
 }
 
 // A thread of a tracked process became runnable: start its run-queue wait.
@@ -169,6 +190,15 @@ TRACEPOINT_PROBE(sched, sched_switch)
             else
                 COUNT(lost_in_voluntary);
         }
+        struct summary *sum = summary_of(prev_tid);
+        if (sum) {
+            // Its on-CPU time: only from a switch-in this slot saw for it
+            // (a slot handed on from an exited thread keeps its in_ns).
+            if (sum->tid == prev_tid && sum->in_ns && now > sum->in_ns)
+                sum->oncpu_ns += now - sum->in_ns;
+            sum->in_ns = 0;
+            sum->tid = prev_tid;
+        }
         if (s) {
             s->off_ns = now;
             s->cpu = cpu;
@@ -196,8 +226,14 @@ TRACEPOINT_PROBE(sched, sched_switch)
     struct tstate *n = state.lookup(&next_tid);
     if (!n)
         return KEEP_PERF_EVENT;
-    if (!n->off_ns && !n->rq_ns)
+    if (!n->off_ns && !n->rq_ns) {
+        struct summary *sn = summary_of(next_tid);
+        if (sn) {  // first switch-in seen since it was summarised: on CPU from now
+            sn->tid = next_tid;
+            sn->in_ns = bpf_ktime_get_ns();
+        }
         return KEEP_PERF_EVENT;
+    }
     u32 pid = n->pid;
     if (!tracked.lookup(&pid)) {
         // untracked since: forget it
@@ -207,6 +243,28 @@ TRACEPOINT_PROBE(sched, sched_switch)
     if (!now) {
         now = bpf_ktime_get_ns();
         cpu = bpf_get_smp_processor_id();
+    }
+    struct summary *sum = summary_of(next_tid);
+    if (sum) {
+        // Summarised: totals instead of a record.
+        if (n->off_ns && now > n->off_ns) {
+            sum->offcpu_ns += now - n->off_ns;
+            sum->switches += 1;
+            if (n->preempted) {
+                sum->preempted_ns += now - n->off_ns;
+                sum->preemptions += 1;
+            }
+        }
+        if (n->rq_ns && now > n->rq_ns)
+            sum->runq_ns += now - n->rq_ns;
+        sum->tid = next_tid;
+        sum->in_ns = now;
+        n->off_ns = 0;
+        n->rq_ns = 0;
+        n->other_tid = 0;
+        n->other_pid = 0;
+        n->other_irq = 0;
+        return KEEP_PERF_EVENT;
     }
     struct record r = {};
     r.a_ns = n->off_ns;
@@ -308,6 +366,12 @@ TRACEPOINT_PROBE(sched, sched_migrate_task)
     u32 pid = *tgid;
     if (!tracked.lookup(&pid))
         return KEEP_PERF_EVENT;
+    struct summary *sum = summary_of(tid);
+    if (sum) {
+        // Runs on another CPU than the thread's own switches: atomically.
+        __sync_fetch_and_add(&sum->migrations, 1);
+        return KEEP_PERF_EVENT;
+    }
     struct record r = {};
     r.a_ns = bpf_ktime_get_ns();
     r.pid = pid;
@@ -340,5 +404,6 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
     u32 tid = args->pid;
     tid_tgid.delete(&tid);
     state.delete(&tid);
+    summarised.delete(&tid);
     return KEEP_PERF_EVENT;
 }

@@ -42,4 +42,21 @@ struct counters {
     u64 lost_in_voluntary;    // same, for an interval after a voluntary switch
 };
 
+// Per summarised thread (one slot of the mmapped `summaries` array; the
+// `summarised` map gives a tid its slot): running totals since the slot was
+// given, only ever added to by the kernel; user space reads them without a
+// syscall and writes the differences between two reads as rows. Every field
+// is a u64 (the reader takes the dtype from the compiled map).
+struct summary {
+    u64 tid;           // the thread these totals belong to (the last writer)
+    u64 oncpu_ns;      // switch-in to switch-out, summed at the switch-out
+    u64 offcpu_ns;     // switch-out to switch-in, summed at the switch-in
+    u64 preempted_ns;  // of which after an involuntary switch-out
+    u64 runq_ns;       // runnable to switch-in, summed at the switch-in
+    u64 switches;      // switch-ins (off-CPU intervals ended)
+    u64 preemptions;   // of which after an involuntary switch-out
+    u64 migrations;    // real CPU changes
+    u64 in_ns;         // last switch-in (0: off CPU or not seen yet)
+};
+
 #endif

@@ -1,5 +1,9 @@
 """eBPF scheduling probe (bcc): event-exact off-CPU, run-queue and migration rows.
 
+Threads that never emit a span (pool workers) are summarised in the kernel
+into `sched_summary` rows unless `sched_detail` is set (sched_summary.py);
+the threads that run steps always keep event-exact rows.
+
 Loads `sched_bcc.c` (tracepoints sched_switch, sched_wakeup, sched_wakeup_new,
 sched_migrate_task, task_newtask, sched_process_exit), filtered in the kernel
 to the tgids given to `track()`, paired in the kernel per thread, and reads
@@ -21,6 +25,7 @@ import numpy as np
 from stallscope.probes import bpf_common
 from stallscope.probes.base import Probe
 from stallscope.probes.sched_resolve import TgidResolver, who_columns
+from stallscope.probes.sched_summary import ThreadSummaries
 
 log = logging.getLogger("stallscope.probes.sched_bcc")
 
@@ -105,6 +110,9 @@ class BccSchedProbe(Probe):
         self._verify_base = {}  # (pid, tid) -> (proc_vol, proc_inv, bpf_vol, bpf_inv)
         self._unseen = {}  # tid -> [vol, inv] switch-outs the kernel made, we did not see
         self._last_verify = 0.0
+        self.exact_all = bool(self.settings.sched_detail)
+        self.summary = None  # ThreadSummaries while loaded, unless sched_detail
+        self._step_threads = {}  # pid -> tids that emitted spans (kept across a reload)
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -115,6 +123,7 @@ class BccSchedProbe(Probe):
         if pages & (pages - 1):
             raise ValueError(f"sched_ring_pages must be a power of two, not {pages}")
         cflags = [
+            f"-DMAX_SUMMARY={max(1, min(self.max_tids, 4096))}",
             f"-DMAX_TIDS={self.max_tids}",
             f"-DMAX_TGIDS={self.max_tgids}",
             f"-DRINGBUF_PAGES={pages}",
@@ -130,6 +139,15 @@ class BccSchedProbe(Probe):
             bpf_common.require_fields(
                 self._counters.dtype, list(LOSS_REASONS)[:-1], "sched_bcc.h struct counters"
             )
+            if not self.exact_all:
+                self.summary = ThreadSummaries(
+                    self._bpf,
+                    max(1, min(self.max_tids, 4096)),
+                    self.settings.sched_summary_after_ms * 1e6,
+                    self.settings.sched_summary_ms * 1e6,
+                )
+                for pid, tids in self._step_threads.items():
+                    self.summary.step_threads(pid, tids, time.monotonic_ns())
         except Exception:
             self._bpf.cleanup()
             self._bpf = None
@@ -160,9 +178,13 @@ class BccSchedProbe(Probe):
         self.drain()
         self._check_losses()
         with self._lock:
+            self._read_summaries(force=True)
             self._ring.close()
             self._counters.close()
             self._ring = None
+            if self.summary is not None:
+                self.summary.close()
+                self.summary = None
         self._bpf.cleanup()
         self._bpf = None
 
@@ -194,9 +216,12 @@ class BccSchedProbe(Probe):
 
         pid = int(pid)
         self._tracked.discard(pid)
+        self._step_threads.pop(pid, None)
         with self._lock:
             for key in [k for k in self._verify_base if k[0] == pid]:
                 del self._verify_base[key]
+            if self.summary is not None:
+                self.summary.forget(pid, time.monotonic_ns())
         if self._bpf is None:
             return
         try:
@@ -213,6 +238,23 @@ class BccSchedProbe(Probe):
                     del table[k]
                 except KeyError:
                     pass
+
+    def detail_threads(self, pid, tids):
+        """Threads `tids` of `pid` emitted spans: they keep event-exact rows."""
+        self._step_threads.setdefault(int(pid), set()).update(int(t) for t in tids)
+        with self._lock:
+            if self.summary is not None:
+                self.summary.step_threads(int(pid), [int(t) for t in tids], time.monotonic_ns())
+
+    def _read_summaries(self, force=False):
+        """sched_summary rows, every sched_summary_ms (the lock held)."""
+        now = time.monotonic_ns()
+        if self.summary is None or not (force or self.summary.due(now)):
+            return
+        root = self.proc_root
+        cols = self.summary.read(now, lambda p, t: os.path.exists(f"{root}/{p}/task/{t}"))
+        if cols is not None:
+            self._sink.append("sched_summary", cols)
 
     # -- reading the ring ------------------------------------------------------
 
@@ -240,6 +282,9 @@ class BccSchedProbe(Probe):
             if len(recs):
                 self._records += len(recs)
                 self._emit(recs)
+                if self.summary is not None:
+                    self.summary.seen(recs["pid"], recs["tid"], time.monotonic_ns())
+            self._read_summaries()
             return len(recs)
 
     def _emit(self, recs):
@@ -385,5 +430,7 @@ class BccSchedProbe(Probe):
             "drains": self._drains,
             "unseen": {tid: tuple(v) for tid, v in self._unseen.items()},
             "poll_ms": self.poll_s * 1000,
+            "summarised_tids": sorted(self.summary.slots) if self.summary is not None else [],
+            "summary_rows": self.summary.rows if self.summary is not None else 0,
             "ring_bytes": self.ring_pages * bpf_common.PAGE_SIZE,
         }

@@ -240,6 +240,20 @@ def resolve(flags=None, config_file=None, environ=None):
 
 def _check_combinations(values, path):
     check_api(values, f"{path}: " if path else "")
+    if values.get("metrics.listen"):
+        parse_listen(values["metrics.listen"], f"{path}: " if path else "")
+
+
+def parse_listen(listen, where=""):
+    """(host, port) of the metrics endpoint 'HOST:PORT' ('[::1]:9464' for IPv6)."""
+    host, sep, port = str(listen).rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise ConfigError(
+            f"{where}metrics.listen (--metrics-listen) wants HOST:PORT such as "
+            f"127.0.0.1:9464, got {listen!r}"
+        )
+    return host, int(port)
 
 
 def check_api(values, where=""):

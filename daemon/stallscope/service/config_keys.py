@@ -217,7 +217,30 @@ _RETENTION_AND_API_KEYS = [
     ),
 ]
 
+_METRICS_KEYS = [
+    Key(
+        "metrics",
+        "listen",
+        "str",
+        "",
+        "STALLSCOPE_METRICS_LISTEN",
+        "metrics_listen",
+        metavar="HOST:PORT",
+        doc="serve Prometheus /metrics over plain HTTP on host:port; empty = off",
+    ),
+    Key(
+        "metrics",
+        "max_label_values",
+        "int",
+        32,
+        "STALLSCOPE_METRICS_MAX_LABEL_VALUES",
+        "metrics_max_label_values",
+        minimum=1,
+        doc="distinct run labels (and stages) /metrics keeps; later ones are folded into 'other'",
+    ),
+]
+
 # In the order the shipped stallscope.toml lists them.
-KEYS = _DAEMON_AND_BACKEND_KEYS + _probe_keys() + _RETENTION_AND_API_KEYS
+KEYS = _DAEMON_AND_BACKEND_KEYS + _probe_keys() + _RETENTION_AND_API_KEYS + _METRICS_KEYS
 BY_DOTTED = {k.dotted: k for k in KEYS}
 SECTIONS = sorted({k.section for k in KEYS})

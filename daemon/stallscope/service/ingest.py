@@ -74,6 +74,8 @@ class Ingest(RunRegistry, RecordDecoder, CensusIngest):
         on_untrack=None,
         socket_group=None,
         on_run_end=None,
+        on_watch=None,
+        on_step_threads=None,
     ):
         self.store = store
         self.socket_path = socket_path
@@ -85,6 +87,10 @@ class Ingest(RunRegistry, RecordDecoder, CensusIngest):
         self.on_track = on_track or (lambda pid, run_id=None: None)
         self.on_untrack = on_untrack or (lambda pid: None)
         self.on_run_end = on_run_end or (lambda run_id: None)
+        # on_watch(conn, datagram): a WATCH request (service/watch.py answers it).
+        self.on_watch = on_watch
+        # on_step_threads(pid, tids): threads seen emitting spans for the first time.
+        self.on_step_threads = on_step_threads
         self.selector = selectors.DefaultSelector()
         self.conns = {}  # fd -> Connection
         self.runs = {}  # run_id -> RunState (what decode_pending walks)
@@ -247,14 +253,15 @@ class Ingest(RunRegistry, RecordDecoder, CensusIngest):
                         run.unflushed = True
                     run.drops_full, run.drops_disconnected = drops_full, drops_disc
             return None
-        if kind == wire.DGRAM_EVENT:
+        if kind == wire.DGRAM_WATCH:
+            if run is not None or self.on_watch is None:
+                return self._reject(run_id, conn.pid, "bad_kind")
+            return self.on_watch(conn, data)
+        if kind in (wire.DGRAM_EVENT, wire.DGRAM_CENSUS):
             if run is None:
                 return self._reject(None, conn.pid, "no_hello")
-            return self._event(run, data, conn.pid)
-        if kind == wire.DGRAM_CENSUS:
-            if run is None:
-                return self._reject(None, conn.pid, "no_hello")
-            return self._census(run, data, conn.pid)
+            handle = self._event if kind == wire.DGRAM_EVENT else self._census
+            return handle(run, data, conn.pid)
         if kind != wire.DGRAM_RECORDS:
             return self._reject(run_id, conn.pid, "bad_kind")
         if run is None:

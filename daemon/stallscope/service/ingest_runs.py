@@ -163,6 +163,13 @@ class RunRegistry:
             )
         return run_id
 
+    def external_run_ended(self, run_id, ended_ns):
+        """The process of an `external_run` exited: `ended_ns`, written with
+        the next decode (any thread)."""
+        with self._lock:
+            change = self._run_changes.setdefault(run_id, [0, None])
+            change[1] = ended_ns
+
     def _event(self, run, data, pid):
         """An EVENT datagram: one `run_events` row (a bad one is `bad_event`)."""
         try:

@@ -1,6 +1,7 @@
 """The daemon process: wires ingest, probes, store and API together.
 
-One thread runs the probe socket (accept, read, decode every 100 ms); the
+One thread runs the probe socket (accept, read, decode every 100 ms, or as
+records arrive while a live stream is open); the
 store's writer thread commits batches every 200 ms; each kernel or GPU probe
 runs its own reader thread. SIGTERM or SIGINT stops accepting, reads what
 clients already sent, flushes and closes the database, and exits 0. A probe
@@ -24,15 +25,19 @@ from stallscope.service.deep import DeepWindows
 from stallscope.service.ingest import Ingest
 from stallscope.service.retention import Retention
 from stallscope.service.store import DB_UMASK, Store
+from stallscope.service.watch import PidWatcher
 
 log = logging.getLogger("stallscope.daemon")
 
 DECODE_INTERVAL_S = 0.1
-# While someone watches the live stream, decode more often: the probe sends
-# every 20 ms, and at 100 ms the decode cadence alone set the stream's p99
-# (131-190 ms at 10k events/s; 48-81 ms at 20 ms, for ~20% more daemon CPU:
-# bench/results/api.md).
-LIVE_DECODE_INTERVAL_S = 0.02
+# While someone watches the live stream, records are decoded as soon as
+# they arrive (the selector wakes the loop; nothing is polled), at most once
+# per LIVE_DECODE_MIN_S so a flood of small datagrams is coalesced (each
+# decode has a fixed cost: with probes sending every 2 ms, a 2 ms floor cost
+# 63% of a core against 45% at 5 ms, for p50 3.9 vs 6.2 ms). A fixed 20 ms
+# cadence used to do this: it added up to 20 ms to every event and woke 50
+# times a second whether or not anything came (bench/results/api.md).
+LIVE_DECODE_MIN_S = 0.005
 # Rows queued for the database beyond which ingest stops reading sockets for
 # a moment: clients then see full sockets and count drops, and the daemon's
 # memory stays bounded instead of growing with a backlog.
@@ -92,6 +97,8 @@ class Daemon:
         config=None,
         retention_limits=None,
         stop_event=None,
+        metrics_listen=None,
+        metrics_max_label_values=32,
     ):
         self.settings = settings or ProbeSettings()
         limit_allocator_caches()
@@ -109,6 +116,9 @@ class Daemon:
         self.api = None
         self.api_socket = api_socket
         self.api_options = api_options or {}
+        self.metrics_listen = metrics_listen
+        self.metrics_max_label_values = metrics_max_label_values
+        self.metrics = None  # service/metrics_http.MetricsServer while serving
         self.started_ns = time.monotonic_ns()
         self.config_source = config_source  # re-read on SIGHUP (daemon/reload.py)
         self.config = config
@@ -133,6 +143,8 @@ class Daemon:
                 on_untrack=self._untrack,
                 on_run_end=self.coverage.run_ended,
                 socket_group=group,
+                on_watch=self.watcher.request,
+                on_step_threads=self._step_threads,
             )
         except BaseException:
             # e.g. the socket is in use by another daemon: release the probes
@@ -140,7 +152,8 @@ class Daemon:
             self._stop_probes()
             self.store.close()
             raise
-        self._follow_gc_from_outside()
+        # GC of the --pid processes through CPython's USDT markers: a run each.
+        self.watcher.follow_at_start(self.extra_pids)
         self.retention = (
             Retention(self.store, retention_limits, on_runs_deleted=self.ingest.forget_runs)
             if retention_limits is not None
@@ -182,41 +195,9 @@ class Daemon:
             )
             log.info("%s probe: using %s", name, cls.backend)
         self.deep = DeepWindows(self.probes, self.coverage, deep=self.settings.deep)
+        self.watcher = PidWatcher(self)
         for pid in self.extra_pids:
             self._track(pid)
-
-    def _follow_gc_from_outside(self):
-        """GC passes of the --pid processes through CPython's USDT markers
-        (probes/gc_usdt.py): a run per process, no client needed."""
-        if not self.extra_pids:
-            return
-        from stallscope.probes.gc_usdt import UsdtGcProbe, command_line
-
-        reason = UsdtGcProbe.unavailable(self.settings)
-        if reason is not None:
-            self.store.record_probe_status("gc", None, "unavailable", reason)
-            log.warning("gc probe unavailable: %s", reason)
-            return
-        probe = UsdtGcProbe(self.settings)
-        probe.start(self.sink)
-        self.probes.append(probe)
-        for pid in sorted(self.extra_pids):
-            missing = probe.usdt_missing(pid, self.settings.proc_root)
-            if missing is not None:
-                self.store.record_probe_status("gc", "usdt", "unavailable", f"pid {pid}: {missing}")
-                log.warning("gc probe: pid %d: %s", pid, missing)
-                continue
-            argv = command_line(pid, self.settings.proc_root)
-            run_id = self.ingest.external_run(pid, argv, " ".join(argv)[:120] or f"pid {pid}")
-            try:
-                probe.follow(pid, run_id)
-            except Exception as exc:
-                self.store.record_probe_status(
-                    "gc", "usdt", "failed", f"pid {pid}: {type(exc).__name__}: {exc}"
-                )
-                log.error("gc probe: cannot follow pid %d: %s", pid, exc)
-                continue
-            self.store.record_probe_status("gc", "usdt", "active", f"pid {pid}: run {run_id}")
 
     def _stop_probes(self):
         for probe in self.probes:
@@ -238,6 +219,43 @@ class Daemon:
                 covering.append(probe.name)
         if run_id is not None:
             self.coverage.run_started(run_id, pid, covering)
+
+    def _step_threads(self, pid, tids):
+        """Threads of `pid` that emit spans: probes that summarise other
+        threads keep exact rows for these."""
+        for probe in self.probes:
+            detail = getattr(probe, "detail_threads", None)
+            if detail is None:
+                continue
+            try:
+                detail(pid, tids)
+            except Exception as exc:
+                log.warning(
+                    "%s probe could not keep pid %d's step threads: %s", probe.name, pid, exc
+                )
+
+    def track_external(self, pid, run_id, followed_ns):
+        """A process followed with no client (service/watch.py): the other
+        probes follow it as they would a client's, the GC probe keeps it
+        (covering it since `followed_ns`)."""
+        self.tracked_pids.add(pid)
+        covering = ["gc"]
+        for probe in self.probes:
+            if probe is self.watcher.probe:
+                continue  # its track() means "a client took over"
+            try:
+                probe.track(pid)
+            except Exception as exc:
+                log.warning("%s probe could not follow pid %d: %s", probe.name, pid, exc)
+                continue
+            if probe.covering():
+                covering.append(probe.name)
+        self.coverage.run_started(run_id, pid, ["gc"], followed_ns)
+        self.coverage.run_started(run_id, pid, covering[1:])
+
+    def untrack_external(self, pid, run_id, ended_ns):
+        self.coverage.run_ended(run_id, ended_ns)
+        self._untrack(pid)
 
     def start_diagnosis(self, duration_s):
         """Attach the expensive probes for `duration_s` (see service/deep.py)."""
@@ -276,6 +294,17 @@ class Daemon:
                 raise
             if self.api_socket:
                 endpoint.publish(self.store.path, self.api_socket)
+        if self.metrics_listen:
+            # After the API: the metrics count the API's stall alerts when it runs.
+            from stallscope.service.metrics_http import MetricsServer
+
+            try:
+                self.metrics = MetricsServer(
+                    self, self.metrics_listen, self.metrics_max_label_values
+                )
+            except BaseException:
+                self.shutdown()
+                raise
         signal.signal(signal.SIGTERM, self.stop)
         signal.signal(signal.SIGINT, self.stop)
         signal.signal(signal.SIGHUP, lambda *_: self._reload.set())
@@ -290,17 +319,31 @@ class Daemon:
         if self.notify:
             self.notify.ready(self)
         next_decode = time.monotonic() + DECODE_INTERVAL_S
+        live_due = None  # when records that arrived for a live stream get decoded
+        last_live = 0.0
         while not self._stop.is_set():
             if self.store.pending_rows > MAX_PENDING_ROWS:
                 self._stop.wait(0.01)
                 continue
-            self.ingest.poll(max(0.0, min(0.05, next_decode - time.monotonic())))
+            wake = next_decode if live_due is None else min(next_decode, live_due)
+            seen = self.ingest.datagrams
+            self.ingest.poll(max(0.0, min(0.05, wake - time.monotonic())))
             now = time.monotonic()
+            if (
+                self.ingest.datagrams != seen
+                and self.api is not None
+                and self.api.live_subscribers() > 0
+            ):
+                live_due = live_due or max(now, last_live + LIVE_DECODE_MIN_S)
+            if live_due is not None and now >= live_due and now < next_decode:
+                self.ingest.decode_pending(write_runs=False)
+                live_due, last_live = None, now
             if now >= next_decode:
                 self.ingest.decode_pending()
-                live = self.api is not None and self.api.live_subscribers() > 0
-                next_decode = now + (LIVE_DECODE_INTERVAL_S if live else DECODE_INTERVAL_S)
+                live_due, last_live = None, now
+                next_decode = now + DECODE_INTERVAL_S
                 self.deep.tick()
+                self.watcher.tick()
                 if self._reload.is_set():
                     self._reload.clear()
                     config_reload.apply(self)
@@ -313,6 +356,8 @@ class Daemon:
         if self.notify:
             self.notify.stopping()
         t0 = time.monotonic()
+        if self.metrics is not None:
+            self.metrics.stop()
         if self.api is not None:
             self.api.stop(grace=0.5)
             endpoint.withdraw(self.store.path)

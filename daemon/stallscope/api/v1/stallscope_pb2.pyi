@@ -252,30 +252,38 @@ class StallAlert(_message.Message):
     def __init__(self, run_id: _Optional[int] = ..., pid: _Optional[int] = ..., tid: _Optional[int] = ..., stage: _Optional[str] = ..., batch: _Optional[int] = ..., start_ns: _Optional[int] = ..., end_ns: _Optional[int] = ..., duration_ns: _Optional[int] = ..., baseline_ns: _Optional[int] = ..., ratio: _Optional[float] = ..., gc_overlap_ns: _Optional[int] = ..., gc_generation: _Optional[int] = ..., offcpu_ns: _Optional[int] = ..., preempted_ns: _Optional[int] = ..., cause: _Optional[str] = ..., offcpu_sampled: _Optional[bool] = ...) -> None: ...
 
 class Dropped(_message.Message):
-    __slots__ = ("count", "total", "reason")
+    __slots__ = ("count", "total", "reason", "from_ns", "to_ns", "kinds")
     COUNT_FIELD_NUMBER: _ClassVar[int]
     TOTAL_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    FROM_NS_FIELD_NUMBER: _ClassVar[int]
+    TO_NS_FIELD_NUMBER: _ClassVar[int]
+    KINDS_FIELD_NUMBER: _ClassVar[int]
     count: int
     total: int
     reason: str
-    def __init__(self, count: _Optional[int] = ..., total: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+    from_ns: int
+    to_ns: int
+    kinds: _containers.RepeatedScalarFieldContainer[EventKind]
+    def __init__(self, count: _Optional[int] = ..., total: _Optional[int] = ..., reason: _Optional[str] = ..., from_ns: _Optional[int] = ..., to_ns: _Optional[int] = ..., kinds: _Optional[_Iterable[_Union[EventKind, str]]] = ...) -> None: ...
 
 class QueryRequest(_message.Message):
-    __slots__ = ("sql", "params", "max_rows", "timeout_ms", "format", "batch_rows")
+    __slots__ = ("sql", "params", "max_rows", "timeout_ms", "format", "batch_rows", "max_message_bytes")
     SQL_FIELD_NUMBER: _ClassVar[int]
     PARAMS_FIELD_NUMBER: _ClassVar[int]
     MAX_ROWS_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     FORMAT_FIELD_NUMBER: _ClassVar[int]
     BATCH_ROWS_FIELD_NUMBER: _ClassVar[int]
+    MAX_MESSAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
     sql: str
     params: _containers.RepeatedCompositeFieldContainer[Value]
     max_rows: int
     timeout_ms: int
     format: ResultFormat
     batch_rows: int
-    def __init__(self, sql: _Optional[str] = ..., params: _Optional[_Iterable[_Union[Value, _Mapping]]] = ..., max_rows: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., format: _Optional[_Union[ResultFormat, str]] = ..., batch_rows: _Optional[int] = ...) -> None: ...
+    max_message_bytes: int
+    def __init__(self, sql: _Optional[str] = ..., params: _Optional[_Iterable[_Union[Value, _Mapping]]] = ..., max_rows: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., format: _Optional[_Union[ResultFormat, str]] = ..., batch_rows: _Optional[int] = ..., max_message_bytes: _Optional[int] = ...) -> None: ...
 
 class Column(_message.Message):
     __slots__ = ("name", "type")
@@ -332,7 +340,7 @@ class GetStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ProbeState(_message.Message):
-    __slots__ = ("probe", "backend", "state", "detail", "stats")
+    __slots__ = ("probe", "backend", "state", "detail", "stats", "stats_json")
     class StatsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -345,15 +353,17 @@ class ProbeState(_message.Message):
     STATE_FIELD_NUMBER: _ClassVar[int]
     DETAIL_FIELD_NUMBER: _ClassVar[int]
     STATS_FIELD_NUMBER: _ClassVar[int]
+    STATS_JSON_FIELD_NUMBER: _ClassVar[int]
     probe: str
     backend: str
     state: str
     detail: str
     stats: _containers.ScalarMap[str, str]
-    def __init__(self, probe: _Optional[str] = ..., backend: _Optional[str] = ..., state: _Optional[str] = ..., detail: _Optional[str] = ..., stats: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    stats_json: str
+    def __init__(self, probe: _Optional[str] = ..., backend: _Optional[str] = ..., state: _Optional[str] = ..., detail: _Optional[str] = ..., stats: _Optional[_Mapping[str, str]] = ..., stats_json: _Optional[str] = ...) -> None: ...
 
 class RunSummary(_message.Message):
-    __slots__ = ("run_id", "pid", "label", "python", "started_ns", "connected_ns", "ended_ns", "live", "records", "connections")
+    __slots__ = ("run_id", "pid", "label", "python", "started_ns", "connected_ns", "ended_ns", "live", "records", "connections", "host", "realtime_start_ns")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     LABEL_FIELD_NUMBER: _ClassVar[int]
@@ -364,6 +374,8 @@ class RunSummary(_message.Message):
     LIVE_FIELD_NUMBER: _ClassVar[int]
     RECORDS_FIELD_NUMBER: _ClassVar[int]
     CONNECTIONS_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    REALTIME_START_NS_FIELD_NUMBER: _ClassVar[int]
     run_id: int
     pid: int
     label: str
@@ -374,10 +386,12 @@ class RunSummary(_message.Message):
     live: bool
     records: int
     connections: int
-    def __init__(self, run_id: _Optional[int] = ..., pid: _Optional[int] = ..., label: _Optional[str] = ..., python: _Optional[str] = ..., started_ns: _Optional[int] = ..., connected_ns: _Optional[int] = ..., ended_ns: _Optional[int] = ..., live: _Optional[bool] = ..., records: _Optional[int] = ..., connections: _Optional[int] = ...) -> None: ...
+    host: str
+    realtime_start_ns: int
+    def __init__(self, run_id: _Optional[int] = ..., pid: _Optional[int] = ..., label: _Optional[str] = ..., python: _Optional[str] = ..., started_ns: _Optional[int] = ..., connected_ns: _Optional[int] = ..., ended_ns: _Optional[int] = ..., live: _Optional[bool] = ..., records: _Optional[int] = ..., connections: _Optional[int] = ..., host: _Optional[str] = ..., realtime_start_ns: _Optional[int] = ...) -> None: ...
 
 class Status(_message.Message):
-    __slots__ = ("version", "daemon_pid", "uptime_ns", "db_path", "db_bytes", "probes", "connected_runs", "records_received", "client_records_lost", "rows_written", "rows_lost", "pending_rows", "rejections", "subscribers", "stream_events_dropped", "losses_recorded")
+    __slots__ = ("version", "daemon_pid", "uptime_ns", "db_path", "db_bytes", "probes", "connected_runs", "records_received", "client_records_lost", "rows_written", "rows_lost", "pending_rows", "rejections", "subscribers", "stream_events_dropped", "losses_recorded", "realtime_offset_ns", "host", "monotonic_ns")
     class RejectionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -401,6 +415,9 @@ class Status(_message.Message):
     SUBSCRIBERS_FIELD_NUMBER: _ClassVar[int]
     STREAM_EVENTS_DROPPED_FIELD_NUMBER: _ClassVar[int]
     LOSSES_RECORDED_FIELD_NUMBER: _ClassVar[int]
+    REALTIME_OFFSET_NS_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    MONOTONIC_NS_FIELD_NUMBER: _ClassVar[int]
     version: str
     daemon_pid: int
     uptime_ns: int
@@ -417,19 +434,28 @@ class Status(_message.Message):
     subscribers: int
     stream_events_dropped: int
     losses_recorded: int
-    def __init__(self, version: _Optional[str] = ..., daemon_pid: _Optional[int] = ..., uptime_ns: _Optional[int] = ..., db_path: _Optional[str] = ..., db_bytes: _Optional[int] = ..., probes: _Optional[_Iterable[_Union[ProbeState, _Mapping]]] = ..., connected_runs: _Optional[_Iterable[_Union[RunSummary, _Mapping]]] = ..., records_received: _Optional[int] = ..., client_records_lost: _Optional[int] = ..., rows_written: _Optional[int] = ..., rows_lost: _Optional[int] = ..., pending_rows: _Optional[int] = ..., rejections: _Optional[_Mapping[str, int]] = ..., subscribers: _Optional[int] = ..., stream_events_dropped: _Optional[int] = ..., losses_recorded: _Optional[int] = ...) -> None: ...
+    realtime_offset_ns: int
+    host: str
+    monotonic_ns: int
+    def __init__(self, version: _Optional[str] = ..., daemon_pid: _Optional[int] = ..., uptime_ns: _Optional[int] = ..., db_path: _Optional[str] = ..., db_bytes: _Optional[int] = ..., probes: _Optional[_Iterable[_Union[ProbeState, _Mapping]]] = ..., connected_runs: _Optional[_Iterable[_Union[RunSummary, _Mapping]]] = ..., records_received: _Optional[int] = ..., client_records_lost: _Optional[int] = ..., rows_written: _Optional[int] = ..., rows_lost: _Optional[int] = ..., pending_rows: _Optional[int] = ..., rejections: _Optional[_Mapping[str, int]] = ..., subscribers: _Optional[int] = ..., stream_events_dropped: _Optional[int] = ..., losses_recorded: _Optional[int] = ..., realtime_offset_ns: _Optional[int] = ..., host: _Optional[str] = ..., monotonic_ns: _Optional[int] = ...) -> None: ...
 
 class ListRunsRequest(_message.Message):
-    __slots__ = ("live_only",)
+    __slots__ = ("live_only", "page_size", "page_token")
     LIVE_ONLY_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     live_only: bool
-    def __init__(self, live_only: _Optional[bool] = ...) -> None: ...
+    page_size: int
+    page_token: str
+    def __init__(self, live_only: _Optional[bool] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class ListRunsResponse(_message.Message):
-    __slots__ = ("runs",)
+    __slots__ = ("runs", "next_page_token")
     RUNS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     runs: _containers.RepeatedCompositeFieldContainer[RunSummary]
-    def __init__(self, runs: _Optional[_Iterable[_Union[RunSummary, _Mapping]]] = ...) -> None: ...
+    next_page_token: str
+    def __init__(self, runs: _Optional[_Iterable[_Union[RunSummary, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class StartDiagnosisRequest(_message.Message):
     __slots__ = ("duration_ms",)

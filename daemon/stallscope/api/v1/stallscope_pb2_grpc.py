@@ -78,9 +78,14 @@ class StallscopeServicer:
     def Query(self, request, context):
         """Server streaming: one read-only SQL statement (SELECT, EXPLAIN, DESCRIBE,
         SHOW, SUMMARIZE); the first message carries the columns, then rows come
-        in batches; the last message says whether the row limit cut the result.
-        Any error (syntax, permission, time limit) is INVALID_ARGUMENT with the
-        database's message.
+        in batches cut by size (each message at most max_message_bytes, 4 MiB
+        by default, so stock clients' default receive limit is never hit); the
+        last message says whether the row limit cut the result. Errors carry the
+        database's (or the API's) message: INVALID_ARGUMENT for bad SQL (syntax,
+        unknown names, types, parameters), PERMISSION_DENIED for what the
+        sandbox refuses (writes, file reads, settings, extensions),
+        DEADLINE_EXCEEDED for the time limit, RESOURCE_EXHAUSTED when one row
+        alone is larger than max_message_bytes or 2 queries already run.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -95,7 +100,8 @@ class StallscopeServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListRuns(self, request, context):
-        """Unary: every run the database holds, newest first.
+        """Unary: every run the database holds, newest first, in pages
+        (page_size, page_token -> next_page_token).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
