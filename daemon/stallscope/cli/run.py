@@ -253,7 +253,10 @@ def run_run(args):
         raise RunError("no command given: stallscope run [OPTIONS] -- CMD [ARGS...]")
     if args.no_client:
         if gc_environment(args):
-            raise RunError("--census and --gc-* act inside the process: not with --no-client")
+            raise RunError(
+                "--census, --census-after, --gc-freeze-after and --gc-threshold act inside "
+                "the process: not with --no-client"
+            )
         return _run_without_client(args, command)
     env = build_env(args, command or ["python"])
     if args.print_env:
