@@ -7,13 +7,16 @@ PYTEST_ARGS ?=
 # continuous batching on torch CPU (the bootstrap then installs the engines
 # extra, ~1 min the first time).
 DEMO_ENGINE ?= builtin
+# DEMO_AB=1: the builtin engine twice, as is and with gc.freeze() after
+# warm-up, then `stallscope compare --arm` of the two.
+DEMO_AB ?=
 
 bootstrap:
 	@scripts/bootstrap.sh
 
 demo:
 	@STALLSCOPE_ENGINES=$(if $(filter transformers,$(DEMO_ENGINE)),1,$(STALLSCOPE_ENGINES)) scripts/bootstrap.sh
-	.venv/bin/stallscope demo --engine $(DEMO_ENGINE) $(DEMO_ARGS)
+	.venv/bin/stallscope demo --engine $(DEMO_ENGINE) $(if $(filter 1,$(DEMO_AB)),--ab) $(DEMO_ARGS)
 
 # Lint and format check first (ruff, pinned in the test extra; config in
 # pyproject.toml), then the suite.

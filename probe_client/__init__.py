@@ -36,9 +36,36 @@ __all__ = [
 ]
 
 
-def connect(socket_path=None, run_label=None, gc=True, close_wait_ms=None):
+def connect(
+    socket_path=None,
+    run_label=None,
+    gc=True,
+    close_wait_ms=None,
+    census=None,
+    census_after_s=None,
+    census_top=None,
+    gc_freeze_after_s=None,
+    gc_threshold=None,
+):
     """Start a run: socket_path defaults to $STALLSCOPE_SOCKET, else
     /run/stallscope/probe.sock; gc=True records every collection;
     close_wait_ms bounds close()'s (and exit's) wait for socket space
-    (default $STALLSCOPE_CLOSE_WAIT_MS, else 100; 0 disables)."""
-    return Probe(socket_path=socket_path, run_label=run_label, gc=gc, close_wait_ms=close_wait_ms)
+    (default $STALLSCOPE_CLOSE_WAIT_MS, else 100; 0 disables).
+
+    census=True (default: $STALLSCOPE_CENSUS=1) sends a type histogram of
+    the GC-tracked heap at connect (or at `probe.mark("warm")`, or
+    census_after_s seconds later) and at close: the top census_top types
+    (default 30). gc_threshold=(A, B, C) sets gc.set_threshold now;
+    gc_freeze_after_s=S runs gc.collect() then gc.freeze() S seconds after
+    connect. Both are recorded with the run; a bad value raises ValueError."""
+    return Probe(
+        socket_path=socket_path,
+        run_label=run_label,
+        gc=gc,
+        close_wait_ms=close_wait_ms,
+        census=census,
+        census_after_s=census_after_s,
+        census_top=census_top,
+        gc_freeze_after_s=gc_freeze_after_s,
+        gc_threshold=gc_threshold,
+    )

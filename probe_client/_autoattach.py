@@ -2,7 +2,8 @@
 
 `start_from_environment()` is what the injected `sitecustomize` calls: it
 connects a probe labelled from `$STALLSCOPE_RUN_LABEL` (a child process gets
-its parent's label plus `/child-PID`, a fork `/fork-PID`), reads the attach
+its parent's label plus `/child-PID`, a fork `/fork-PID`) with the census
+and GC knobs of `$STALLSCOPE_CENSUS...`/`$STALLSCOPE_GC_...` (_gcknobs.py), reads the attach
 specs of `$STALLSCOPE_ATTACH` and `$STALLSCOPE_ATTACH_FILE`, patches the
 targets whose modules are already imported, and installs a post-import hook
 (a `sys.meta_path` finder that wraps the found loader's `exec_module`) that
@@ -14,14 +15,11 @@ into the engine or runs on its hot path; the hook only looks at module
 names until one of ours is imported. Standard library only.
 """
 
-import json
 import os
-import socket
 import sys
 import threading
-import time
 
-from . import _expr, _specs, wire
+from . import _expr, _gcknobs, _specs
 from ._probe import Probe
 from ._transport import _live_probes
 
@@ -39,8 +37,6 @@ EXPR_KEYWORDS = (
     "idle",
 )  # checked early; others go to attach() as they are
 
-_PENDING_EVENTS_MAX = 64
-
 
 def _say(message):
     try:
@@ -51,50 +47,9 @@ def _say(message):
 
 
 class EventProbe(Probe):
-    """A probe that can also send run events (EVENT datagrams: a problem
-    with a spec, an attached target) once it is connected."""
-
-    def _init_buffers(self, *args, **kwargs):
-        super()._init_buffers(*args, **kwargs)
-        self._events = []  # encoded EVENT datagrams not yet sent
-
-    def event(self, kind, target, message):
-        """Queue one run event and send it if connected; never raises."""
-        try:
-            now = time.monotonic_ns()
-            payload = json.dumps(
-                {"kind": kind, "target": target, "message": message, "ts_ns": now},
-                separators=(",", ":"),
-            ).encode("utf-8", "replace")[: wire.HELLO_MAX]
-            with self._lock:
-                if len(self._events) < _PENDING_EVENTS_MAX:
-                    self._events.append(bytes(self._header(wire.DGRAM_EVENT, 0, now)) + payload)
-                if self._sock is not None:
-                    self._send_events()
-        except Exception:
-            self.errors += 1
-
-    def _send_strings(self):
-        # Called with the lock held after every (re)connection and whenever
-        # names are pending: events follow the HELLO and the names.
-        ok = super()._send_strings()
-        if ok and self._events:
-            self._send_events()
-        return ok
-
-    def _send_events(self):
-        while self._events and self._sock is not None:
-            try:
-                self._sock.send(self._events[0], socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL)
-            except BlockingIOError:
-                return  # socket full: the next connection or event retries
-            except OSError:
-                return
-            self._events.pop(0)
-
-    def _after_fork_child(self):
-        self._events = []  # the parent's events belong to the parent's run
-        super()._after_fork_child()
+    """A probe that sends run events (EVENT datagrams: a problem with a
+    spec, an attached target); `Probe.event()` does the work, kept under
+    this name for callers that check for it."""
 
 
 class _Finder:
@@ -295,7 +250,12 @@ def start_from_environment():
         return _state["hooks"]
     pid = os.getpid()
     label, is_child = _label_for(pid)
-    probe = EventProbe(run_label=label)
+    try:
+        settings = _gcknobs.settings_from_environment()
+    except ValueError as exc:
+        _say(f"GC knobs not applied: {exc}")
+        settings = {}
+    probe = EventProbe(run_label=label, **settings)
     os.environ[PARENT_ENV] = f"{pid}:{label}"
     hooks = Hooks(probe, verbose=os.environ.get(VERBOSE_ENV) == "1")
     _state["hooks"] = hooks

@@ -2,8 +2,9 @@
 
 `Connection` is a base of `Transport`: it opens the non-blocking SEQPACKET
 socket (at most one attempt a second, never when closed), sends the HELLO
-that describes the process and run, re-sends every interned name after each
-(re)connect, and picks the cheapest send function (os.write when SIGPIPE is
+that describes the process and run (with the GC knobs applied to it),
+re-sends every interned name after each (re)connect, then the queued control
+datagrams (EVENT, CENSUS), and picks the cheapest send function (os.write when SIGPIPE is
 ignored). Called with the buffer lock held, from flushes and the flusher
 thread; never from a GC callback, never blocking: a full socket makes a
 name wait for the next flush, an error drops the connection.
@@ -22,6 +23,7 @@ import time
 from . import wire
 
 RECONNECT_INTERVAL_NS = 1_000_000_000  # at most one connection attempt a second
+CONTROL_QUEUE_MAX = 64  # EVENT and CENSUS datagrams waiting for a connection
 
 _monotonic_ns = time.monotonic_ns
 _native_id = threading.get_native_id
@@ -121,7 +123,44 @@ class Connection:
                 self._disconnect()
                 return False
             self._strings_sent += len(chunk)
+        if self._control:
+            self._send_control()
         return True
+
+    def _queue_control(self, kind, payload, now):
+        """Queue one EVENT or CENSUS datagram (sent after HELLO and the
+        names, in order); sent now if connected. Called with the lock held."""
+        if len(self._control) < CONTROL_QUEUE_MAX:
+            self._control.append(bytes(self._header(kind, 0, now)) + payload)
+        if self._sock is not None and self._strings_sent >= len(self._names):
+            self._send_control()
+
+    def event(self, kind, target, message, ts_ns=None):
+        """Queue one run event (EVENT datagram; `ts_ns`: when it happened,
+        default now) and send it if connected; never raises. Not for the hot path."""
+        try:
+            now = _monotonic_ns()
+            payload = json.dumps(
+                {"kind": kind, "target": target, "message": message, "ts_ns": ts_ns or now},
+                separators=(",", ":"),
+            ).encode("utf-8", "replace")[: wire.HELLO_MAX]
+            with self._lock:
+                self._queue_control(wire.DGRAM_EVENT, payload, now)
+        except Exception:
+            self.errors += 1
+
+    def _send_control(self):
+        """Send queued control datagrams; False while some wait (socket full)."""
+        while self._control and self._sock is not None:
+            try:
+                self._sock.send(self._control[0], socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL)
+            except BlockingIOError:
+                return False  # socket full: the next flush, connection or close retries
+            except OSError:
+                self._disconnect()
+                return False
+            self._control.pop(0)
+        return not self._control
 
     def _hello(self):
         now_mono = _monotonic_ns()
@@ -143,6 +182,8 @@ class Connection:
             "monotonic_ns": now_mono,
             "client_version": wire.VERSION,
             "accelerator": getattr(self, "accelerator", "python"),  # record write: c or python
+            "census": self._census is not None,
+            "gc_knobs": self._gc_knobs,
         }
         data = json.dumps(info, separators=(",", ":")).encode()[: wire.HELLO_MAX]
         return bytes(self._header(wire.DGRAM_HELLO, 0, now_mono)) + data

@@ -24,6 +24,7 @@ import weakref
 
 from . import _codegen, _wrap, wire
 from ._connection import _free_threaded
+from ._gcknobs import GcForensics
 from ._transport import (
     FLUSH_INTERVAL_NS,
     FULL_AT,
@@ -94,10 +95,21 @@ class _ThreadState:
         self.idle = None
 
 
-class Probe(Transport):
+class Probe(Transport, GcForensics):
     """One run of one process, as seen by the daemon. Create with `connect()`."""
 
-    def __init__(self, socket_path=None, run_label=None, gc=True, close_wait_ms=None):
+    def __init__(
+        self,
+        socket_path=None,
+        run_label=None,
+        gc=True,
+        close_wait_ms=None,
+        census=None,
+        census_after_s=None,
+        census_top=None,
+        gc_freeze_after_s=None,
+        gc_threshold=None,
+    ):
         self.socket_path = socket_path or os.environ.get(SOCKET_ENV) or DEFAULT_SOCKET
         self.run_label = run_label or ""
         self._want_gc = bool(gc)
@@ -112,6 +124,8 @@ class Probe(Transport):
         self.errors = 0  # exceptions swallowed on the hot path
         self._reset_run_state()
         self._local = threading.local()
+        # Census and knobs (_gcknobs.py) before the HELLO, which records them.
+        self._init_gc_forensics(census, census_after_s, census_top, gc_freeze_after_s, gc_threshold)
         if self._want_gc:
             _gc.callbacks.append(self._on_gc)
         _live_probes.add(self)
@@ -250,6 +264,7 @@ class Probe(Transport):
         0: no wait) for socket space so the last records and the BYE land."""
         if self._closed:
             return
+        self._close_census()  # while the engine's objects still exist; queued before BYE
         self._closed = True
         try:
             _gc.callbacks.remove(self._on_gc)  # first: nothing after close is recorded

@@ -77,6 +77,7 @@ class Transport(Connection):
         self._fd = -1
         self._write = None
         self._next_connect_ns = 0
+        self._control = []  # EVENT and CENSUS datagrams not yet sent (_connection.py)
 
     def _reset_run_state(self):
         self.run_token = int.from_bytes(os.urandom(8), "little") >> 1
@@ -258,6 +259,8 @@ class Transport(Connection):
         """BYE with the next sequence number; True once sent (or no socket)."""
         if self._sock is None:
             return True
+        if self._control and not self._send_control():
+            return self._sock is None  # socket full: wait (bounded) and come back
         try:
             self._sock.send(
                 self._header(wire.DGRAM_BYE, 0, _monotonic_ns()),
@@ -289,6 +292,7 @@ class Transport(Connection):
             except OSError:
                 pass
         self._reset_run_state()
+        self._control = []  # the parent's events and census belong to the parent's run
         self._next_connect_ns = 0
         self._lock.release()
         if not self._closed:

@@ -78,3 +78,10 @@ DGRAM_EVENT = 4
 # the same connection with a datagram of the same kind whose JSON is
 # {ok, run_id} or {ok: false, reason}. Never sent by the probe client.
 DGRAM_WATCH = 5
+
+# A heap census (probe_client/_census.py): header kind 6, no records, then a
+# UTF-8 JSON object {phase, taken_ns, duration_ns, tracked, freeze_count,
+# threshold, count, top_n, other, other_types, types: [[module, qualname,
+# count], ...]} of at most HELLO_MAX bytes. Sent after HELLO, at connect (or
+# warm-up) and close only; a daemon that predates it counts it as `bad_kind`.
+DGRAM_CENSUS = 6

@@ -51,6 +51,8 @@ SELECT
     round(coalesce(g.gen2_ns, 0) / 1e6, 3) AS gen2_pause_ms,     -- their total pause, ms
     round(g.gen2_max_ns / 1e6, 3) AS gen2_max_ms,                -- their longest pause, ms
     coalesce(s.idle_steps, 0) AS idle_steps,          -- idle steps (never slow or long; out of the percentiles)
-    coalesce(s.unexplained_steps, 0) AS unexplained_steps  -- slow steps whose cause is 'unexplained'
+    coalesce(s.unexplained_steps, 0) AS unexplained_steps, -- slow steps whose cause is 'unexplained'
+    r.gc_freeze_after_s,                              -- knob applied: gc.collect() + gc.freeze() this many s after connect (NULL: none)
+    r.gc_threshold_set                                -- knob applied: gc.set_threshold(...) at connect (NULL: none); with the previous column, the run's A/B arm
 FROM s FULL JOIN g USING (run_id)
 LEFT JOIN runs r USING (run_id);

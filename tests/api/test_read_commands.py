@@ -79,6 +79,7 @@ COMMANDS = {
     ],
     "status": ["status"],
     "compare": ["compare", "before", "after"],
+    "compare_arms": ["compare", "--arm", "before", "--arm", "after"],
     "report": ["report"],
 }
 

@@ -183,7 +183,7 @@ class Fuzzer:
 
     def _k_badkind(self, pid, run):
         self.expected["bad_kind"] += 1
-        first_unknown = wire.DGRAM_WATCH + 1  # kinds 1..5 are defined
+        first_unknown = wire.DGRAM_CENSUS + 1  # kinds 1..6 are defined
         k = self.rng.choice([0, first_unknown, 255, self.rng.randint(first_unknown, 255)])
         return self._hdr(k, count=1) + bytes(32), run, False
 

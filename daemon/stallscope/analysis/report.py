@@ -1,12 +1,12 @@
 """Builds the stallscope report: the seed report's tables, from the views.
 
 `build_report(con, out_dir=None, run_ids=None)` returns the text (per-run
-table, the generation-2 table, the unexplained share and the slow-step
+table, the generation-2 table, the heap growers and GC advice, the slow-step
 breakdown by cause, the top preemptors and wakers per run) and, when
 `out_dir` is given, writes PNG figures there in the seed's manner: every
 step of each run over time with slow steps coloured by cause, and a +-1 s
-zoom around generation-2 passes (a budget per run, longest passes first). It only reads: it never writes to the database, so
-it works on a read-only connection and on one the daemon lends.
+zoom around generation-2 passes (a budget per run, longest passes first).
+It only reads, so it works on a read-only connection or one the daemon lends.
 """
 
 import os
@@ -14,6 +14,7 @@ import os
 from stallscope.analysis import rules
 from stallscope.analysis.coverage import coverage_section
 from stallscope.analysis.formatting import format_table
+from stallscope.analysis.gc_forensics import gc_section
 
 MAX_ZOOM_FIGURES = 24  # zooms in all, shared out per run (at least one each), longest passes first
 ZOOM_HALF_WIDTH_NS = 1_000_000_000
@@ -271,8 +272,7 @@ def _who_section(con, where):
     )
 
 
-# One fixed colour per cause (gc red, as in the seed's figures; the common
-# ones far apart).
+# One fixed colour per cause (gc red, as in the seed's figures; common ones far apart).
 CAUSE_COLOURS = {
     "gc": "tab:red",
     "lock": "tab:cyan",
@@ -436,6 +436,7 @@ def build_report(con, out_dir=None, run_ids=None):
         f"stallscope report: {_n(runs, 'run')}, {_n(steps, 'step')}\n",
         _runs_section(con, where),
         _gen2_section(con, where),
+        gc_section(con, where),
         _slow_section(con, where),
         _who_section(con, where),
         coverage_section(con, where),

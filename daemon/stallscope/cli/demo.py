@@ -31,6 +31,12 @@ def add_arguments(parser):
         action="store_false",
         help="run without the seed's leaky timing hook (no steady-state gen-2)",
     )
+    parser.add_argument(
+        "--ab",
+        action="store_true",
+        help="builtin engine: run it twice, as is and with gc.freeze() after warm-up, "
+        "and print the comparison of the two arms",
+    )
     parser.add_argument("--sched-backend", choices=["bcc", "perf", "proc", "none"])
     parser.add_argument("--out", default=None, help="where to write the report's PNG figures")
 
@@ -50,7 +56,7 @@ DEMO = Command(
     run=run,
     examples=(
         "stallscope demo   # 45 s, then the report",
-        "stallscope demo --duration 10 --db demo.duckdb --out figures/   # keep what it made",
         "stallscope demo --engine transformers   # a real PyTorch engine, no source edit",
+        "stallscope demo --ab --db ab.duckdb   # as is vs gc.freeze() after warm-up, kept",
     ),
 )

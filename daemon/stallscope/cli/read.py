@@ -89,17 +89,34 @@ REPORT = Command(
 
 # ----- compare ---------------------------------------------------------------------
 def _compare_arguments(parser):
-    parser.add_argument("run_a", help="run id or label")
-    parser.add_argument("run_b", help="run id or label")
+    parser.add_argument("run_a", nargs="?", help="run id or label")
+    parser.add_argument("run_b", nargs="?", help="run id or label")
+    parser.add_argument(
+        "--arm",
+        action="append",
+        default=[],
+        metavar="RUNS",
+        help="one arm of an A/B test: run ids or labels, comma-separated (a label names all "
+        "its runs); repeat for each arm, instead of RUN_A RUN_B",
+    )
     add_db_arguments(parser)
 
 
 def run_compare(args):
-    from stallscope.analysis import compare
+    from stallscope.analysis import compare, compare_arms
+    from stallscope.errors import AccessError
 
+    if args.arm and (args.run_a or args.run_b):
+        raise AccessError("give either RUN_A RUN_B or --arm A --arm B, not both")
+    if len(args.arm) == 1 or not (args.arm or (args.run_a and args.run_b)):
+        raise AccessError("give two runs (RUN_A RUN_B) or two arms (--arm A --arm B)")
     source = _open_readonly(args)
     try:
-        print(compare.compare_runs(source.connection(), args.run_a, args.run_b))
+        con = source.connection()
+        if args.arm:
+            print(compare_arms.compare_arms(con, args.arm))
+        else:
+            print(compare.compare_runs(con, args.run_a, args.run_b))
     finally:
         source.close()
     return 0
@@ -112,6 +129,7 @@ COMPARE = Command(
     examples=(
         "stallscope compare before freeze   # two runs by label",
         "stallscope compare 1 2 --db /tmp/s.duckdb   # by run_id, another database",
+        "stallscope compare --arm asis --arm frozen   # A/B arms: labels or ids (1,3,5)",
     ),
 )
 

@@ -5,6 +5,9 @@ socket and database (or `--db`), runs the scenario engine in another child proce
 a progress bar (or, with `--engine transformers`, HF transformers' real
 continuous batching under `stallscope run --preset transformers`), stops the daemon with SIGTERM (it flushes and exits), and
 prints the summary and the attribution report read from the database file.
+The built-in engine runs with a heap census (the report names the top heap
+growers and gives the GC advice); `--ab` runs it twice, as is and with
+gc.freeze() after warm-up, and prints `compare --arm` of the two.
 """
 
 import os
@@ -14,12 +17,12 @@ import tempfile
 
 import duckdb
 
-from stallscope.analysis import report, summary
+from stallscope.analysis import compare_arms, report, summary
 from stallscope.demo.child import DaemonChild
 from stallscope.errors import ServiceError
 
 
-def _run_builtin(args, sock):
+def _run_builtin(args, sock, label="demo", freeze_after_s=None):
     args.duration = 45.0 if args.duration is None else args.duration
     args.rate = 1.0 if args.rate is None else args.rate
     py = sys.executable
@@ -41,10 +44,14 @@ def _run_builtin(args, sock):
         str(args.rate),
         "--progress",
         "--label",
-        "demo",
+        label,
         "--submit-jitter",
         "0.017:3",
+        "--census",
     ]
+    if freeze_after_s is not None:
+        print(f"  arm {label}: gc.collect() then gc.freeze() {freeze_after_s:g} s in", flush=True)
+        cmd += ["--gc-freeze-after", str(freeze_after_s)]
     if args.gc_pressure:
         cmd.append("--gc-pressure")
     rc = subprocess.call(cmd, env=env)
@@ -110,6 +117,13 @@ def run_demo(args):
                 print("  " + line.split(" INFO ", 1)[-1].split(" WARNING ", 1)[-1].strip())
         if transformers:
             _run_transformers(args, sock)
+        elif getattr(args, "ab", False):
+            # The seed's offered patch, both ways: the engine as is, then with
+            # gc.freeze() late in the scenario's warm-up (20% of the run, <= 10
+            # s), so the freeze's own gc.collect() is not in the window.
+            _run_builtin(args, sock, label="demo-asis")
+            warmup_s = min(10.0, 0.2 * args.duration)
+            _run_builtin(args, sock, "demo-freeze", round(0.75 * warmup_s, 3))
         else:
             _run_builtin(args, sock)
     finally:
@@ -122,6 +136,8 @@ def run_demo(args):
         print()
         print(summary.build_summary(con))
         print(report.build_report(con, out_dir=out_dir))
+        if getattr(args, "ab", False) and not transformers:
+            print(compare_arms.compare_arms(con, [["demo-asis"], ["demo-freeze"]]))
     finally:
         con.close()
     print(

@@ -186,6 +186,8 @@ def run_scenario(
     inject_log=None,
     seed=0,
     submit_jitter=(0.0, 0.0),
+    census=False,
+    gc_freeze_after_s=None,
 ):
     """Run the engine for `duration_s`, traced through `socket_path`."""
     import probe_client
@@ -204,7 +206,12 @@ def run_scenario(
     injector = None
     if inject:  # before attach(), so that injected causes fall inside the step span
         injector = Injector(engine, inject, inject_every, inject_ms, inject_log)
-    probe = probe_client.connect(socket_path=socket_path, run_label=label)
+    probe = probe_client.connect(
+        socket_path=socket_path,
+        run_label=label,
+        census=census,
+        gc_freeze_after_s=gc_freeze_after_s,
+    )
     probe.attach(engine, "_step", kind="step")
     probe.attach(
         engine, "_schedule", kind="schedule", stage="result.phase", batch="len(result.requests)"
@@ -286,6 +293,14 @@ def build_parser():
         help="with probability P, a submit call does MS ms of extra host work "
         "(the seed saw ~1.7%% of steps ~3 ms slow inside submit: 0.017:3)",
     )
+    p.add_argument("--census", action="store_true", help="heap census at connect and close")
+    p.add_argument(
+        "--gc-freeze-after",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="gc.collect() then gc.freeze() this long after connect (an A/B arm)",
+    )
     p.add_argument("--result", default=None, help="write a JSON summary here")
     return p
 
@@ -332,6 +347,8 @@ def main(argv=None):
         a.inject_ms,
         a.inject_log,
         submit_jitter=jitter,
+        census=a.census,
+        gc_freeze_after_s=a.gc_freeze_after,
     )
     if a.result:
         with open(a.result, "w") as f:

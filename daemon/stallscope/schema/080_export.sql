@@ -32,3 +32,5 @@ ALTER TABLE irq_time ADD COLUMN IF NOT EXISTS stored_ns BIGINT DEFAULT getvariab
 ALTER TABLE steal ADD COLUMN IF NOT EXISTS stored_ns BIGINT DEFAULT getvariable('stallscope_stored_ns');
 ALTER TABLE coverage ADD COLUMN IF NOT EXISTS stored_ns BIGINT DEFAULT getvariable('stallscope_stored_ns');
 ALTER TABLE run_events ADD COLUMN IF NOT EXISTS stored_ns BIGINT DEFAULT getvariable('stallscope_stored_ns');
+ALTER TABLE heap_census ADD COLUMN IF NOT EXISTS stored_ns BIGINT DEFAULT getvariable('stallscope_stored_ns');
+ALTER TABLE heap_census_runs ADD COLUMN IF NOT EXISTS stored_ns BIGINT DEFAULT getvariable('stallscope_stored_ns');

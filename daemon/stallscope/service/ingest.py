@@ -21,6 +21,7 @@ from collections import Counter
 
 from probe_client import wire
 from stallscope.errors import ConfigError, ServiceError
+from stallscope.service.ingest_census import CensusIngest
 from stallscope.service.ingest_records import RecordDecoder
 from stallscope.service.ingest_runs import RunRegistry
 from stallscope.service.ratelog import RateLimitedLog
@@ -60,7 +61,7 @@ class Connection:
         self.closing = False
 
 
-class Ingest(RunRegistry, RecordDecoder):
+class Ingest(RunRegistry, RecordDecoder, CensusIngest):
     """The probe socket and everything that comes through it."""
 
     def __init__(
@@ -267,10 +268,11 @@ class Ingest(RunRegistry, RecordDecoder):
             if run is not None or self.on_watch is None:
                 return self._reject(run_id, conn.pid, "bad_kind")
             return self.on_watch(conn, data)
-        if kind == wire.DGRAM_EVENT:
+        if kind in (wire.DGRAM_EVENT, wire.DGRAM_CENSUS):
             if run is None:
                 return self._reject(None, conn.pid, "no_hello")
-            return self._event(run, data, conn.pid)
+            handle = self._event if kind == wire.DGRAM_EVENT else self._census
+            return handle(run, data, conn.pid)
         if kind != wire.DGRAM_RECORDS:
             return self._reject(run_id, conn.pid, "bad_kind")
         if run is None:

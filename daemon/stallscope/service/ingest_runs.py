@@ -30,7 +30,7 @@ MAX_EVENTS_PER_RUN = 1000
 RUN_COLUMNS = (
     "run_id pid uid gid claimed_pid tid label host started_ns realtime_ns python "
     "implementation free_threaded gc_threshold gc_count freeze_count gc_enabled argv "
-    "client_token connected_ns last_seq probe_accel"
+    "client_token connected_ns last_seq probe_accel gc_freeze_after_s gc_threshold_set census"
 ).split()
 
 
@@ -255,6 +255,7 @@ class RunRegistry:
                     now,
                     run.expected_seq - 1,
                     _accel_name(info.get("accelerator")),
+                    *_knobs(info),
                 ),
             )
         )
@@ -274,3 +275,23 @@ def _int(v, bits=64):
     if n is not None and not -(1 << (bits - 1)) <= n < (1 << (bits - 1)):
         return None
     return n
+
+
+def _knobs(info):
+    """(gc_freeze_after_s, gc_threshold_set, census) from a HELLO; NULL when absent or bad."""
+    knobs = info.get("gc_knobs")
+    knobs = knobs if isinstance(knobs, dict) else {}
+    freeze = knobs.get("freeze_after_s")
+    try:
+        freeze = float(freeze) if freeze is not None else None
+        if freeze is not None and not 0 <= freeze < 1e9:
+            freeze = None
+    except (TypeError, ValueError, OverflowError):
+        freeze = None
+    threshold = knobs.get("threshold")
+    if isinstance(threshold, list) and 1 <= len(threshold) <= 3:
+        threshold = [_int(x, 32) for x in threshold]
+    else:
+        threshold = None
+    census = info.get("census")
+    return freeze, threshold, census if isinstance(census, bool) else None

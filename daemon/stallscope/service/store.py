@@ -73,6 +73,8 @@ STORED_TABLES = (
     "run_events",
     "sched_summary",  # stored_ns added by 090_sched_summary.sql
     "daemon_stats",  # stored_ns added by 120_daemon_stats.sql
+    "heap_census",
+    "heap_census_runs",
 )
 
 # The one statement that writes `probe_status` (record_probe_status).

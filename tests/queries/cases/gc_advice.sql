@@ -1,0 +1,2 @@
+-- fixture: gc
+SELECT * FROM gc_advice;

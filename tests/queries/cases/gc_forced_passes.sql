@@ -1,0 +1,2 @@
+-- fixture: gc
+SELECT * FROM gc_forced_passes ORDER BY ALL;

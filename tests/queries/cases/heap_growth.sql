@@ -1,0 +1,2 @@
+-- fixture: gc
+SELECT * FROM heap_growth;
