@@ -155,8 +155,22 @@ TRACEPOINT_PROBE(sched, sched_switch)
         *depth = 0;
 
     // Exiting threads (X or Z in prev_state) switch out one last time after
-    // sched_process_exit: forget them instead of keeping a stale entry.
+    // sched_process_exit: forget them instead of keeping a stale entry. A
+    // summarised thread stays summarised until here: between
+    // sched_process_exit and this switch it can still block or be preempted
+    // (exit_mm, exit_files, ...), and those switches belong in its totals,
+    // not in exact records.
     if (prev_tid != 0 && (args->prev_state & 0x30)) {
+        struct summary *last = summary_of(prev_tid);
+        if (last) {
+            if (last->tid == prev_tid && last->in_ns) {
+                u64 t = bpf_ktime_get_ns();
+                if (t > last->in_ns)
+                    last->oncpu_ns += t - last->in_ns;
+            }
+            last->in_ns = 0;
+            summarised.delete(&prev_tid);
+        }
         state.delete(&prev_tid);
         tid_tgid.delete(&prev_tid);
     } else if (prev_tid != 0 && tracked.lookup(&prev_tgid)) {
@@ -396,6 +410,8 @@ TRACEPOINT_PROBE(task, task_newtask)
         return KEEP_PERF_EVENT;
     u32 tid = args->pid;
     tid_tgid.update(&tid, &tgid);
+    // A reused tid starts exact, whatever an exited thread left behind.
+    summarised.delete(&tid);
     return KEEP_PERF_EVENT;
 }
 
@@ -404,6 +420,7 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
     u32 tid = args->pid;
     tid_tgid.delete(&tid);
     state.delete(&tid);
-    summarised.delete(&tid);
+    // `summarised` is kept until the final switch-out (sched_switch) or
+    // until user space sees the thread gone: the exit path still switches.
     return KEEP_PERF_EVENT;
 }

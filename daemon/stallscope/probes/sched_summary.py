@@ -13,7 +13,9 @@ spans gets them back. The kernel only adds to a slot; every
 and writes one row per thread that did anything: on-CPU, off-CPU,
 preempted and run-queue time, switch, preemption and migration counts.
 Totals are exact (each interval is counted once, in the row of the read
-that follows its end); the time resolution is the read interval. Never
+that follows its end); the time resolution is the read interval. A
+thread's first row starts at the read that summarised it (its slot counted
+nothing before), never at the read before. Never
 issues a map syscall per read (they make the kernel skip tracepoint runs
 on that CPU): only when a thread changes side.
 """
@@ -65,6 +67,10 @@ class ThreadSummaries:
         self._free = list(range(self.max_slots - 1, -1, -1))
         self.slots = {}  # tid -> (pid, slot)
         self._base = {}  # slot -> totals (SUMS) at the last read
+        # slot -> when those totals were taken: a row starts there, not at
+        # the last read, so a slot given at a read (before which it counted
+        # nothing) never dates its first switches back to the read before
+        self._since = {}
         self.first_seen = {}  # (pid, tid) -> first exact record's time, ns
         self.steps_since = {}  # pid -> when its first span thread was seen, ns
         self.step_tids = set()  # (pid, tid) that emitted spans
@@ -115,6 +121,7 @@ class ThreadSummaries:
                 return
             slot = self._free.pop()
             self._base[slot] = self._totals(slot)
+            self._since[slot] = now_ns
             try:
                 self._map[ct.c_uint32(tid)] = ct.c_uint32(slot)
             except Exception as exc:  # the map is full or the thread is gone
@@ -132,6 +139,7 @@ class ThreadSummaries:
             pass  # the thread exited: the kernel removed it
         self._pending.append(self._row(pid, tid, slot, now_ns))
         del self._base[slot]
+        del self._since[slot]
         self._free.append(slot)
         if why:
             log.info("sched probe: tid %d of pid %d %s: exact rows again", tid, pid, why)
@@ -146,9 +154,9 @@ class ThreadSummaries:
         now = self._totals(slot)
         base = self._base[slot]
         self._base[slot] = now
-        return (pid, tid, self.last_read_ns or now_ns, now_ns) + tuple(
-            n - b for n, b in zip(now, base, strict=True)
-        )
+        since = self._since[slot]
+        self._since[slot] = now_ns
+        return (pid, tid, since, now_ns) + tuple(n - b for n, b in zip(now, base, strict=True))
 
     def due(self, now_ns):
         return now_ns - self.last_read_ns >= self.interval_ns
@@ -159,6 +167,8 @@ class ThreadSummaries:
         self._assign(now_ns)
         rows = []
         for tid, (pid, slot) in list(self.slots.items()):
+            if self._since[slot] >= now_ns:
+                continue  # given at this read: what it counted since goes in the next row
             if alive(pid, tid):
                 rows.append(self._row(pid, tid, slot, now_ns))
             else:
