@@ -77,7 +77,7 @@ def test_golden_case_with_filled_steps(case, fraction):
     filler = fill_to(con, fraction, ends)
     if fraction == 1.0:
         assert filled(con) == len(ends)  # every step is read from the table
-    elif fraction > 0:
+    elif fraction > 0 and ends:  # (the GC-forensics cases have no steps)
         assert 0 < filled(con) < len(ends)
     text = case.read_text()
     expected = (HERE / "golden" / f"{case.stem}.csv").read_text()
@@ -89,7 +89,8 @@ def test_golden_case_with_filled_steps(case, fraction):
 def fill_to(con, fraction, ends):
     filler = StepFiller(FakeStore(con), settle_ns=0)
     if fraction > 0:
-        filler.cycle(now_ns=FAR if fraction == 1.0 else ends[int(fraction * len(ends))])
+        whole = fraction == 1.0 or not ends
+        filler.cycle(now_ns=FAR if whole else ends[int(fraction * len(ends))])
     return filler
 
 
