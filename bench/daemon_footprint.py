@@ -39,6 +39,8 @@ import time
 from pathlib import Path
 
 HZ = os.sysconf("SC_CLK_TCK")
+# Run by path, so that an older checkout's Python can run it too.
+FLOOD_SCRIPT = str(Path(__file__).resolve().parent.parent / "daemon/stallscope/demo/flood.py")
 
 STEPS_CLIENT = textwrap.dedent(
     """
@@ -66,35 +68,6 @@ STEPS_CLIENT = textwrap.dedent(
         if delay > 0:
             time.sleep(delay)
     probe.close()
-    """
-)
-
-FLOOD_SENDER = textwrap.dedent(
-    """
-    import json, os, socket, sys, time
-    from probe_client import wire
-    path, seconds, token = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    s.connect(path)
-    hello = json.dumps({"run_token": token, "label": f"flood-{token}"}).encode()
-    s.send(wire.HEADER.pack(wire.MAGIC, wire.VERSION, wire.DGRAM_HELLO, 0, 32, 0, 0, 0, 0) + hello)
-    names = b"".join(wire.STRING_RECORD.pack(wire.REC_STRING, 0, i + 1, 0, n)
-                     for i, n in enumerate([b"step", b"recurrent"]))
-    s.send(wire.HEADER.pack(wire.MAGIC, wire.VERSION, wire.DGRAM_RECORDS, 2, 32, 0, 0, 0, 0)
-           + names)
-    n = wire.MAX_RECORDS
-    buf = bytearray(wire.HEADER_SIZE + n * 32)
-    for i in range(n):
-        wire.RECORD.pack_into(buf, 32 + i * 32, wire.REC_SPAN, 0, 1, os.getpid(),
-                              1000 + i, 2000 + i, 2, 3)
-    seq, end = 0, time.monotonic() + seconds
-    while time.monotonic() < end:
-        wire.HEADER.pack_into(buf, 0, wire.MAGIC, wire.VERSION, wire.DGRAM_RECORDS, n, 32,
-                              seq, 0, 0, 0)
-        s.send(buf)
-        seq += n
-    s.close()
-    print(seq)
     """
 )
 
@@ -200,7 +173,7 @@ def start_load(mode, d, seconds):
     if mode == "flood":
         return [
             subprocess.Popen(
-                [py, "-c", FLOOD_SENDER, d.sock, str(seconds), str(i + 1)],
+                [py, FLOOD_SCRIPT, d.sock, str(seconds), str(i + 1)],
                 env=env,
                 stdout=subprocess.PIPE,
             )

@@ -20,6 +20,7 @@ from helpers.daemonproc import DaemonProcess
 from helpers.privileged import require_privileged
 from helpers.waiting import wait_for
 from probe_client import wire
+from stallscope.demo.flood import FLOOD_SCRIPT
 from stallscope.probes import bpf_common
 from stallscope.service import server, store
 
@@ -42,41 +43,12 @@ BOUNDS_PREAMBLE = textwrap.dedent(
     """
 )
 
-FLOOD_SENDER = textwrap.dedent(
-    """
-    import json, os, socket, sys, time
-    from probe_client import wire
-    path, seconds, token = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    s.connect(path)
-    hello = json.dumps({"run_token": token, "label": f"flood-{token}"}).encode()
-    s.send(wire.HEADER.pack(wire.MAGIC, wire.VERSION, wire.DGRAM_HELLO, 0, 32, 0, 0, 0, 0) + hello)
-    names = b"".join(wire.STRING_RECORD.pack(wire.REC_STRING, 0, i + 1, 0, n)
-                     for i, n in enumerate([b"step", b"recurrent"]))
-    s.send(wire.HEADER.pack(wire.MAGIC, wire.VERSION, wire.DGRAM_RECORDS, 2, 32, 0, 0, 0, 0)
-           + names)
-    n = wire.MAX_RECORDS
-    buf = bytearray(wire.HEADER_SIZE + n * 32)
-    for i in range(n):
-        wire.RECORD.pack_into(buf, 32 + i * 32, wire.REC_SPAN, 0, 1, os.getpid(),
-                              1000 + i, 2000 + i, 2, 3)
-    seq, end = 0, time.monotonic() + seconds
-    while time.monotonic() < end:
-        wire.HEADER.pack_into(buf, 0, wire.MAGIC, wire.VERSION, wire.DGRAM_RECORDS, n, 32,
-                              seq, 0, 0, 0)
-        s.send(buf)  # blocking: as fast as the daemon takes them
-        seq += n
-    s.close()
-    print(seq)
-    """
-)
-
 
 def flood(sock, seconds, senders=4, cpu=None):
     pre = None if cpu is None else (lambda: os.sched_setaffinity(0, {cpu}))
     return [
         subprocess.Popen(
-            [sys.executable, "-c", FLOOD_SENDER, sock, str(seconds), str(i + 1)],
+            [sys.executable, FLOOD_SCRIPT, sock, str(seconds), str(i + 1)],
             stdout=subprocess.PIPE,
             preexec_fn=pre,
         )
