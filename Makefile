@@ -1,6 +1,6 @@
 # The two commands a new user needs: `make demo` and `make test`.
 # Both set up what they need first (scripts/bootstrap.sh, idempotent).
-.PHONY: demo test lint bootstrap bench clean protos install uninstall faults fleet
+.PHONY: demo test test-fast lint bootstrap bench clean protos install uninstall faults fleet
 
 PYTEST_ARGS ?=
 # builtin: the seed-shaped scenario engine; transformers: HF transformers'
@@ -24,6 +24,11 @@ LINT_PATHS = daemon probe_client tests bench scripts
 
 test: bootstrap lint
 	.venv/bin/python -m pytest $(PYTEST_ARGS)
+
+# What needs no daemon process and no root (tests/helpers/markers.py enforces
+# the markers): under 2 minutes here, for the edit-test loop.
+test-fast: bootstrap lint
+	.venv/bin/python -m pytest -m "not daemon and not privileged" $(PYTEST_ARGS)
 
 lint: bootstrap
 	.venv/bin/ruff check $(LINT_PATHS)

@@ -6,7 +6,7 @@ shaped like a serving
 run (steps of ~5 ms with a rare slow one; most kernel rows on the step
 threads, the rest on other threads of the same processes), loads them into
 an in-memory DuckDB through Arrow, creates the views, fills
-`step_components` as the daemon does (service/step_fill.py: everything but
+`step_components` as the daemon does (store/step_fill.py: everything but
 the last second of steps in one cycle, then one cycle for that last second,
 both timed) and times a full aggregate over `step_attribution`, read three
 ways, interleaved: `table` (the shipped views: stored rows for the filled
@@ -35,9 +35,9 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from stallscope.analysis import views
-from stallscope.service.step_fill import StepFiller
-from stallscope.service.store import apply_schema
+from stallscope.store import views
+from stallscope.store.database import apply_schema
+from stallscope.store.step_fill import StepFiller
 
 STEP_NS = 5_000_000
 RUNS = 10

@@ -40,7 +40,7 @@ from pathlib import Path
 
 HZ = os.sysconf("SC_CLK_TCK")
 # Run by path, so that an older checkout's Python can run it too.
-FLOOD_SCRIPT = str(Path(__file__).resolve().parent.parent / "daemon/stallscope/demo/flood.py")
+FLOOD_SCRIPT = str(Path(__file__).resolve().parent.parent / "daemon/stallscope/testing/flood.py")
 
 STEPS_CLIENT = textwrap.dedent(
     """

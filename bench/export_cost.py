@@ -22,7 +22,7 @@ import duckdb
 import numpy as np
 
 from stallscope.export.parquet import export_parquet
-from stallscope.service.store import Store
+from stallscope.store.database import Store
 
 BATCH = 127_000
 

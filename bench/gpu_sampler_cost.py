@@ -22,9 +22,9 @@ import time
 
 import pynvml
 
-from stallscope.probes import fake_nvml
 from stallscope.probes.base import ProbeSettings
 from stallscope.probes.gpu_nvml import NvmlGpuProbe
+from stallscope.testing import fake_nvml
 
 
 class NullSink:

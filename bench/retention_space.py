@@ -16,8 +16,8 @@ import time
 import duckdb
 import numpy as np
 
-from stallscope.service.retention import used_bytes
-from stallscope.service.store import Store
+from stallscope.store.database import Store
+from stallscope.store.retention import used_bytes
 
 
 def fill_run(store, run_id, n):

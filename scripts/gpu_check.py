@@ -7,7 +7,7 @@ sampler's achieved rate (default rate, and flat out), and whether sampling
 changes a CUDA matmul loop's step time (torch.cuda only: a CPU stand-in would
 say nothing about driver-lock contention, so without torch.cuda that part is
 reported as not run). Writes JSON to --out (scripts/gpu_check.sh passes
-$OUT/gpu_check.json). `--fake` runs everything against stallscope/probes/fake_nvml
+$OUT/gpu_check.json). `--fake` runs everything against stallscope/testing/fake_nvml
 to check the script itself where there is no GPU. It must stay under three
 minutes and never change GPU settings (clocks, power limits, persistence).
 """
@@ -289,7 +289,7 @@ def run_sampler(hz, fake):
     """--sampler mode: run the probe until stdin closes, then print its counters."""
     gpu_nvml, ProbeSettings, _ = import_stallscope()
     if fake:
-        from stallscope.probes import fake_nvml
+        from stallscope.testing import fake_nvml
 
         fake_nvml.install(fake_nvml.FakeNvml(gpus=1))
     probe = gpu_nvml.NvmlGpuProbe(ProbeSettings(gpu_poll_hz=hz))
@@ -382,7 +382,7 @@ def matmul_effect(gpu_nvml, block_s, blocks, fake=False):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--fake", action="store_true", help="use stallscope.probes.fake_nvml (no GPU)")
+    ap.add_argument("--fake", action="store_true", help="use stallscope.testing.fake_nvml (no GPU)")
     ap.add_argument("--out", default=None, help="write JSON figures here")
     ap.add_argument("--quick", action="store_true", help="shorter phases (script checks)")
     ap.add_argument("--sampler", type=float, default=None, help=argparse.SUPPRESS)
@@ -391,7 +391,7 @@ def main(argv=None):
         return run_sampler(args.sampler, args.fake)
     gpu_nvml, ProbeSettings, _ = import_stallscope()
     if args.fake:
-        from stallscope.probes import fake_nvml
+        from stallscope.testing import fake_nvml
 
         fake_nvml.install(fake_nvml.FakeNvml(gpus=1))
     q = 0.2 if args.quick else 1.0

@@ -8,7 +8,7 @@
 # Figures go to stdout and, when $OUT is set, to $OUT/gpu_check.{json,txt}.
 # Changes no GPU setting.
 #   scripts/gpu_check.sh            real GPU
-#   scripts/gpu_check.sh --fake     against stallscope/probes/fake_nvml (no GPU)
+#   scripts/gpu_check.sh --fake     against stallscope/testing/fake_nvml (no GPU)
 #   scripts/gpu_check.sh --prepare  copy this interpreter's nvidia-ml-py
 #                                   (pynvml.py + dist-info, ~0.4 MB) into
 #                                   build/gpu_check_deps/, for a GPU machine

@@ -1,24 +1,30 @@
-"""The package layout's rules, checked on the source: no import circles among
-stallscope modules, errors turned into exit statuses only in `cli/`, and the
-default paths written once."""
+"""The package layout's rules, checked on the source: imports run one way, as
+the layer table in docs/architecture.md says (deferred imports included);
+nothing in the product imports `testing/`; no folder grows past a dozen
+modules; no import circles among stallscope modules; errors turned into exit
+statuses only in `cli/`; the default paths written once."""
 
 import ast
+import re
+import shutil
 from pathlib import Path
 
 import probe_client._probe
 from stallscope.service import config
 
-PACKAGE = Path(__file__).resolve().parents[1] / "daemon" / "stallscope"
-GENERATED = PACKAGE / "api" / "v1"
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = REPO / "daemon" / "stallscope"
+ARCHITECTURE = REPO / "docs" / "architecture.md"
 
 
-def _modules():
+def _modules(package=PACKAGE):
     """{dotted module name: path} for every stallscope module but generated code."""
     out = {}
-    for path in sorted(PACKAGE.rglob("*.py")):
-        if GENERATED in path.parents:
+    generated = package / "api" / "v1"
+    for path in sorted(package.rglob("*.py")):
+        if generated in path.parents:
             continue
-        parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        parts = list(path.relative_to(package.parent).with_suffix("").parts)
         if parts[-1] == "__init__":
             parts.pop()
         out[".".join(parts)] = path
@@ -75,11 +81,116 @@ def _cycle(graph):
     return None
 
 
-def _graph(module_level_only):
-    modules = _modules()
+def _graph(module_level_only, package=PACKAGE):
+    modules = _modules(package)
     return {
         name: _imports(path, name, modules, module_level_only) for name, path in modules.items()
     }
+
+
+# ----- layers -------------------------------------------------------------------------
+def layer_table(text=None):
+    """{package: (layer or None for testing, {siblings it may import})}, read
+    from the table between the `layers` markers of docs/architecture.md."""
+    text = ARCHITECTURE.read_text() if text is None else text
+    body = text.split("<!-- layers:", 1)[1].split("<!-- /layers -->", 1)[0]
+    table = {}
+    for line in body.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) < 4 or not cells[0].startswith("`"):
+            continue
+        name = cells[0].strip("`")
+        layer = None if cells[1] == "-" else int(cells[1])
+        also = set(re.findall(r"`([a-z_]+)`", cells[2]))
+        table[name] = (layer, also)
+    return table
+
+
+def _package_of(module):
+    """`stallscope.store.database` -> 'store'; `stallscope.errors` -> 'errors';
+    the package's own __init__ -> None."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else None
+
+
+def layer_violations(package=PACKAGE, table=None):
+    """Every import, deferred ones included, that the layer table does not allow."""
+    table = layer_table() if table is None else table
+    bad = []
+    for name, targets in _graph(module_level_only=False, package=package).items():
+        src = _package_of(name)
+        if src is None:
+            continue
+        if src not in table:
+            bad.append(f"{name}: package {src!r} has no row in the layer table")
+            continue
+        src_layer, also = table[src]
+        for target in sorted(targets):
+            dst = _package_of(target)
+            if dst is None or dst == src:
+                continue
+            dst_layer, _ = table.get(dst, (None, set()))
+            if dst == "testing":
+                bad.append(f"{name} imports {target}: the product never imports testing/")
+            elif dst not in table:
+                bad.append(f"{name} imports {target}: package {dst!r} has no row")
+            elif src_layer is None or dst in also:
+                continue  # testing/ may use anything; a sibling the row names
+            elif dst_layer is None or dst_layer >= src_layer:
+                bad.append(
+                    f"{name} (layer {src_layer}) imports {target} (layer {dst_layer}): "
+                    "imports run down the layer table (docs/architecture.md)"
+                )
+    return bad
+
+
+def test_the_layer_table_names_every_package():
+    table = layer_table()
+    folders = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()}
+    assert folders | {"errors"} == set(table), "every folder (and errors.py) has one row"
+    assert table["cli"][0] > table["service"][0] > table["store"][0] > table["vocab"][0]
+    assert table["testing"][0] is None
+
+
+def test_every_import_follows_the_layer_table():
+    assert layer_violations() == []
+
+
+def test_a_planted_upward_import_is_caught(tmp_path):
+    """The check is not vacuous: the real tree with one upward import planted
+    (the vocabulary reaching up into the service), one into testing/, and one
+    sibling edge the table does not name."""
+    tree = tmp_path / "stallscope"
+    shutil.copytree(PACKAGE, tree, ignore=shutil.ignore_patterns("__pycache__"))
+    rules = tree / "vocab" / "rules.py"
+    rules.write_text(
+        rules.read_text() + "\n\ndef _up():\n    from stallscope.service import server\n"
+    )
+    fleet = tree / "probes" / "base.py"
+    fleet.write_text(fleet.read_text() + "\nfrom stallscope.testing import fake_nvml  # noqa\n")
+    ingest = tree / "ingest" / "census.py"
+    ingest.write_text(ingest.read_text() + "\nfrom stallscope.store import database  # noqa\n")
+    found = layer_violations(tree)
+    assert len(found) == 3, found
+    assert any(
+        "stallscope.vocab.rules (layer 1) imports stallscope.service.server" in f for f in found
+    )
+    assert any("never imports testing" in f for f in found)
+    assert any(
+        f.startswith("stallscope.ingest.census (layer 2) imports stallscope.store") for f in found
+    )
+
+
+def test_no_folder_holds_more_than_a_dozen_modules():
+    """probes/ stays flat (one file per probe and backend, like bcc's tools)."""
+    crowded = {}
+    for folder in [PACKAGE, *(p for p in PACKAGE.rglob("*") if p.is_dir())]:
+        if folder.name in ("probes", "__pycache__", "v1"):
+            continue
+        modules = [p for p in folder.glob("*.py") if p.name not in ("__init__.py", "__main__.py")]
+        if len(modules) > 12:
+            crowded[str(folder.relative_to(PACKAGE))] = len(modules)
+    assert crowded == {}
 
 
 def test_the_cycle_finder_finds_a_cycle():
@@ -145,8 +256,9 @@ def test_default_paths_are_written_once():
 
 def test_losses_and_probe_status_have_one_writer():
     """Only the store writes these two tables (Store.record_loss/record_losses/
-    record_probe_status, and its own losses while the disk refuses writes)."""
-    owners = {"store.py", "store_recovery.py"}
+    record_probe_status, and store/recovery.py's own losses while the disk
+    refuses writes)."""
+    owners = {"stallscope.store.database", "stallscope.store.recovery"}
     writers = []
     for name, path in _modules().items():
         tree = ast.parse(path.read_text())
@@ -164,6 +276,4 @@ def test_losses_and_probe_status_have_one_writer():
                 and node.args[0].value in ("losses", "probe_status")
             ):
                 writers.append(f"{name}:{node.lineno}")
-    assert writers and all(w.split(":")[0].rsplit(".", 1)[-1] + ".py" in owners for w in writers), (
-        writers
-    )
+    assert writers and all(w.split(":")[0] in owners for w in writers), writers

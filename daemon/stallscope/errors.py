@@ -89,3 +89,14 @@ class NotSandboxed(StallscopeError):
 class ProbeError(StallscopeError):
     """A probe backend failed while starting or running (not: unavailable
     here, which is a reason string, never an error)."""
+
+
+class SchemaVersionError(StallscopeError):
+    """A database written by a newer stallscope (its schema version is above
+    this release's): refused before anything is written to it."""
+
+    heading = "database refused"
+
+
+class ExportBusy(StallscopeError):
+    """An export is already running; the API answers ABORTED."""

@@ -1,5 +1,5 @@
 -- NVML clock-event-reason bits, decoded by value (the same table as
--- daemon/probes/gpu_reasons.py). nvml_samples.clock_event_reasons keeps the
+-- daemon/stallscope/vocab/gpu_reasons.py). nvml_samples.clock_event_reasons keeps the
 -- raw mask; use these to name it.
 --
 --   SELECT ts_ns, gpu_clock_event_reason_names(clock_event_reasons) FROM nvml_samples;

@@ -4,7 +4,7 @@
 --     SET VARIABLE step_slow_factor = 1.5;
 -- and every step_* and seed_* view follows. RESET VARIABLE restores it.
 -- The defaults are mirrored, one name for one name, by
--- daemon/stallscope/analysis/rules.py (the live alerts, `top` and the
+-- daemon/stallscope/vocab/rules.py (the live alerts, `top` and the
 -- report use that module); a test checks that the two agree.
 
 -- The effective parameters, one row.

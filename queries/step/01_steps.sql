@@ -57,7 +57,7 @@ SELECT s.run_id, s.pid, s.tid, s.step_idx, s.start_ns, s.end_ns,
 FROM _step s, _step_bucket b;
 
 -- The filler's progress per step thread (step_component_threads, written by
--- the daemon: service/step_fill.py), where this session may use it: the
+-- the daemon: store/step_fill.py), where this session may use it: the
 -- table is on (SET VARIABLE step_components_table = false turns it off:
 -- every step is then computed from the source tables), the row was computed
 -- with this session's step_params.lock_chain_gap_ns and for the pid the run

@@ -4,6 +4,8 @@ import os
 import threading
 import time
 
+import pytest
+
 import probe_client
 from helpers.api import start_api_daemon, stop
 from helpers.privileged import require_privileged
@@ -11,6 +13,8 @@ from helpers.waiting import wait_for
 from stallscope.api.client import Client
 from stallscope.api.v1 import stallscope_pb2 as pb
 from stallscope.probes.sched_bcc import BccSchedProbe
+
+pytestmark = [pytest.mark.daemon, pytest.mark.privileged]
 
 
 def _busy(seconds):

@@ -3,9 +3,9 @@
 import numpy as np
 import pyarrow as pa
 
-from stallscope.api.alerts import Baselines, StallDetector, alert_parts
-from stallscope.api.fanout import Fanout, Filter
 from stallscope.api.v1 import stallscope_pb2 as pb
+from stallscope.store.alerts import Baselines, StallDetector, alert_parts
+from stallscope.store.fanout import Fanout, Filter
 
 MS = 1_000_000
 
@@ -115,7 +115,7 @@ def test_cause_names_the_largest_disjoint_part():
     # a 6 ms wait, 5 ms of it under a GC pass on another thread: GC's time
     p = parts([(10, 15)], [(9, 15)], pre=False)
     assert p == {"gc": 5.0, "preemption": 0.0, "blocked": 1.0}
-    from stallscope.analysis.rules import name_cause
+    from stallscope.vocab.rules import name_cause
 
     assert name_cause(8, p) == "gc"
     assert name_cause(10, parts([], [(0, 6)])) == "preemption"
@@ -213,7 +213,7 @@ def test_unexplained_alert_waits_for_late_kernel_events():
 def test_sub_microsecond_steps_are_not_alerted_below_the_minimum_excess():
     """200k steps of ~650 ns with noise used to give tens of thousands of
     alerts; an excess under MIN_EXCESS_NS is never alerted, a real stall is."""
-    from stallscope.api.alerts import MIN_EXCESS_NS
+    from stallscope.store.alerts import MIN_EXCESS_NS
 
     fan, det = detector()
     rng = np.random.default_rng(1)

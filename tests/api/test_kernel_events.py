@@ -16,7 +16,8 @@ from helpers.waiting import wait_for
 from stallscope.api.client import Client
 from stallscope.api.server import start_api_server
 from stallscope.api.v1 import stallscope_pb2 as pb
-from stallscope.service.store import Store
+from stallscope.store.database import Store
+from stallscope.store.fanout import Fanout
 
 
 class FakeIngest:
@@ -28,12 +29,19 @@ class FakeIngest:
         return {"records_received": 0, "lost_records": 0, "rejections": {}}
 
 
+def serve(daemon, api_socket):
+    """The API over the store's live fan-out, wired as the service wires it."""
+    fanout = Fanout(lambda: {r.run_id: r.pid for r in daemon.ingest.runs.values()})
+    daemon.store.add_listener(fanout.on_batch)
+    return start_api_server(daemon, api_socket, fanout)
+
+
 @pytest.fixture
 def served(tmp_path):
     store = Store(str(tmp_path / "k.duckdb"), flush_interval_s=0.05)
     store.start()
     daemon = types.SimpleNamespace(store=store, ingest=FakeIngest(), probes=[], started_ns=0)
-    api = start_api_server(daemon, str(tmp_path / "api.sock"))
+    api = serve(daemon, str(tmp_path / "api.sock"))
     client = Client(str(tmp_path / "api.sock"))
     client.wait_ready()
     yield store, client, api
@@ -161,7 +169,7 @@ def test_query_refuses_to_run_on_an_unsandboxed_database(tmp_path):
     store = Store(str(tmp_path / "open.duckdb"), sandbox=False)
     store.start()
     daemon = types.SimpleNamespace(store=store, ingest=FakeIngest(), probes=[], started_ns=0)
-    api = start_api_server(daemon, str(tmp_path / "api.sock"))
+    api = serve(daemon, str(tmp_path / "api.sock"))
     client = Client(str(tmp_path / "api.sock"))
     try:
         with pytest.raises(ApiError) as info:

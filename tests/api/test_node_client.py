@@ -18,6 +18,8 @@ import pytest
 
 from helpers.api import start_api_daemon, stop
 
+pytestmark = pytest.mark.daemon
+
 ROOT = Path(__file__).resolve().parents[2]
 SUITE = ROOT / "tests" / "node"
 REQUIRE_NODE = os.environ.get("STALLSCOPE_REQUIRE_NODE") == "1"

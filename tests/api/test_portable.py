@@ -6,12 +6,15 @@ import socket
 import time
 
 import grpc
+import pytest
 from google.protobuf import descriptor_pb2
 from grpc_reflection.v1alpha import reflection_pb2
 
 import probe_client
 from helpers.waiting import wait_for
 from stallscope.api.v1 import stallscope_pb2 as pb
+
+pytestmark = pytest.mark.daemon
 
 
 def _reflect(channel, service, request):

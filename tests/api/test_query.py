@@ -15,6 +15,9 @@ from stallscope.analysis import access
 from stallscope.api.client import ApiError, ApiSource, Client
 from stallscope.api.v1 import stallscope_pb2 as pb
 from stallscope.api.v1 import stallscope_pb2_grpc as pb_grpc
+from stallscope.cli.source import open_for_reading
+
+pytestmark = pytest.mark.daemon
 
 N_STEPS = 600
 
@@ -170,7 +173,7 @@ def test_syntax_error_is_invalid_argument_with_database_message(qd):
 
 
 def test_access_uses_the_api_when_the_daemon_holds_the_file(qd):
-    source = access.open_for_reading(qd.db, qd.api_socket)
+    source = open_for_reading(qd.db, qd.api_socket)
     try:
         assert isinstance(source, ApiSource)
         cols, rows = source.query(access.named_or_sql("spans"), limit=5)

@@ -13,7 +13,9 @@ import pytest
 import probe_client
 from helpers.api import start_api_daemon, stop
 from helpers.waiting import wait_for
-from stallscope.service.endpoint import endpoint_path
+from stallscope.service.systemd.endpoint import endpoint_path
+
+pytestmark = pytest.mark.daemon
 
 
 def cli(*args, env=None):

@@ -15,6 +15,8 @@ from helpers.api import start_api_daemon, stop
 from helpers.daemonproc import DaemonProcess
 from stallscope.api.client import ApiError, Client
 
+pytestmark = pytest.mark.daemon
+
 
 def test_unix_socket_is_0660_and_serves_health_and_reflection(api_daemon, client):
     mode = stat.S_IMODE(__import__("os").stat(api_daemon.api_socket).st_mode)

@@ -5,6 +5,7 @@ and an open StreamEvents ends with UNAVAILABLE (not OK, which would read as
 import threading
 
 import grpc
+import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from helpers.api import start_api_daemon
@@ -12,6 +13,8 @@ from helpers.waiting import wait_for
 from stallscope.api.client import Client
 from stallscope.api.v1 import stallscope_pb2 as pb
 from stallscope.api.v1 import stallscope_pb2_grpc as pb_grpc
+
+pytestmark = pytest.mark.daemon
 
 
 def test_sigterm_reports_not_serving_then_ends_streams_unavailable(tmp_path):

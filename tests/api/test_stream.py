@@ -9,12 +9,15 @@ import threading
 import time
 
 import grpc
+import pytest
 
 import probe_client
 from helpers.api import stop
 from helpers.waiting import wait_for
 from stallscope.api.client import Client
 from stallscope.api.v1 import stallscope_pb2 as pb
+
+pytestmark = pytest.mark.daemon
 
 
 class Collector:

@@ -5,9 +5,13 @@ import re
 import threading
 import time
 
+import pytest
+
 import probe_client
-from stallscope.api import top
 from stallscope.api.v1 import stallscope_pb2 as pb
+from stallscope.cli import top_screen as top
+
+pytestmark = pytest.mark.daemon
 
 
 def test_top_shows_stages_rates_and_stalls(api_daemon):

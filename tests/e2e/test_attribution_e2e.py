@@ -21,6 +21,8 @@ import pytest
 from helpers.daemonproc import DaemonProcess
 from helpers.privileged import is_root, require_privileged
 
+pytestmark = [pytest.mark.daemon, pytest.mark.privileged]
+
 INJECT_MS = 25
 CAUSES = {"block": "blocked", "submit": "submit", "gc": "gc", "preempt": "preemption"}
 

@@ -20,6 +20,8 @@ from helpers.daemonproc import DaemonProcess
 from helpers.privileged import require_privileged
 from stallscope.probes.bpf_common import bcc_unavailable
 
+pytestmark = [pytest.mark.daemon, pytest.mark.privileged]
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 STEPS, EVERY = 900, 10  # about 20 injections of each cause
 

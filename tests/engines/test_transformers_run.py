@@ -24,6 +24,8 @@ from helpers.daemonproc import DaemonProcess
 from helpers.engines import require_engines
 from stallscope import demo
 
+pytestmark = pytest.mark.daemon
+
 ENGINE = str(Path(demo.__file__).resolve().parent / "transformers_engine.py")
 SECONDS, RATE = 3, 10
 REQUESTS = SECONDS * RATE

@@ -20,6 +20,8 @@ from export.conftest import HOSTS
 from helpers.fleet import require_spark
 from stallscope.export.fleet import open_fleet
 
+pytestmark = pytest.mark.daemon
+
 SPARK_GEN2 = """
 SELECT host, count(*) AS gen2_passes,
        sum(CASE WHEN stall THEN 1 ELSE 0 END) AS gen2_stalls

@@ -19,7 +19,9 @@ from helpers.waiting import wait_for
 from stallscope.export import parquet as export_parquet_module
 from stallscope.export.fleet import open_fleet
 from stallscope.export.parquet import ExportError, export_parquet, load_state
-from stallscope.service.store import STORED_TABLES, Store
+from stallscope.store.database import STORED_TABLES, Store
+
+pytestmark = pytest.mark.daemon
 
 CHECKED = ("runs", "spans", "gc_events", "probe_status", "losses", "coverage")
 

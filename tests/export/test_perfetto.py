@@ -25,7 +25,11 @@ from helpers.daemonproc import DaemonProcess
 from helpers.privileged import is_root, require_privileged
 from helpers.waiting import wait_for
 
-FAKE_NVML = "from stallscope.probes import fake_nvml\nfake_nvml.install(fake_nvml.FakeNvml(gpus=1))"
+pytestmark = [pytest.mark.daemon, pytest.mark.privileged]
+
+FAKE_NVML = (
+    "from stallscope.testing import fake_nvml\nfake_nvml.install(fake_nvml.FakeNvml(gpus=1))"
+)
 MONOTONIC = pt.BuiltinClock.BUILTIN_CLOCK_MONOTONIC
 REALTIME = pt.BuiltinClock.BUILTIN_CLOCK_REALTIME
 BEGIN, END = pt.TrackEvent.TYPE_SLICE_BEGIN, pt.TrackEvent.TYPE_SLICE_END

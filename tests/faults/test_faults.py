@@ -18,7 +18,7 @@ from helpers.faults import Daemon, finish_client, reconcile, start_client, vm_hw
 from helpers.privileged import is_root, require_privileged
 from helpers.waiting import wait_for
 
-pytestmark = pytest.mark.faults
+pytestmark = [pytest.mark.faults, pytest.mark.daemon, pytest.mark.privileged]
 
 
 def _stored_rows(db):
@@ -160,9 +160,7 @@ def test_disk_full_daemon_says_so_keeps_clients_and_resumes(
     reports what it could not keep (bound "small": 10,000 rows kept)."""
     full_s = 10.0 if full else 3.0
     patch = (
-        {("stallscope.service.store_recovery", "MAX_RETAINED_ROWS"): 10_000}
-        if bound == "small"
-        else None
+        {("stallscope.store.recovery", "MAX_RETAINED_ROWS"): 10_000} if bound == "small" else None
     )
     d = Daemon(tmp_path, db=str(small_fs / "db" / "test.duckdb"), patch=patch).start()
     filler = str(small_fs / "filler")

@@ -22,8 +22,8 @@ from hypothesis import strategies as st
 
 from helpers.fuzzwire import Fuzzer
 from probe_client import wire
-from stallscope.service.ingest import Connection, Ingest
-from stallscope.service.store import Store
+from stallscope.ingest.listener import Connection, Ingest
+from stallscope.store.database import Store
 
 pytestmark = pytest.mark.faults
 

@@ -17,7 +17,7 @@ import pytest
 from helpers.faults import Daemon, finish_client, reconcile, start_client, vm_hwm_kb
 from helpers.fuzzwire import Fuzzer
 
-pytestmark = pytest.mark.faults
+pytestmark = [pytest.mark.faults, pytest.mark.daemon]
 
 
 def test_live_socket_fuzz_counts_every_rejection_and_spares_good_clients(tmp_path, full, figures):

@@ -14,7 +14,7 @@ import pytest
 
 from helpers.faults import Daemon, finish_client, reconcile, start_client, vm_hwm_kb
 
-pytestmark = pytest.mark.faults
+pytestmark = [pytest.mark.faults, pytest.mark.daemon]
 
 RSS_BOUND_KB = 1024 * 1024  # 1 GiB: generous; the figure is what RELIABILITY.md tracks
 

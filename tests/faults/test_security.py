@@ -24,7 +24,7 @@ from helpers.faults import Daemon
 from helpers.privileged import is_root, require_privileged
 from probe_client import wire
 
-pytestmark = pytest.mark.faults
+pytestmark = [pytest.mark.faults, pytest.mark.daemon, pytest.mark.privileged]
 
 NOBODY = 65534
 OTHER = 65533

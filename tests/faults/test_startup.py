@@ -1,6 +1,6 @@
 """A stop at any phase of start-up loses nothing a client sent.
 
-The daemon handles SIGTERM from its first moment (service/stopping.py) and
+The daemon handles SIGTERM from its first moment (service/systemd/stopping.py) and
 creates its probe socket only once its probes are ready. For SIGTERMs sent at
 increasing delays after the daemon was started (while it imports, opens the
 database, compiles and loads its eBPF programs, and right after its socket
@@ -20,6 +20,8 @@ import time
 import pytest
 
 from helpers.faults import Daemon
+
+pytestmark = pytest.mark.daemon
 
 CLIENT = r"""
 import json, os, sys, time

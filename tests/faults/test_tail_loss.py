@@ -24,7 +24,7 @@ from helpers.waiting import wait_for
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
-pytestmark = pytest.mark.faults
+pytestmark = [pytest.mark.faults, pytest.mark.daemon]
 
 FLOOD = f"{HERE}/floodproc.py"
 TAIL = f"{HERE}/tailclient.py"

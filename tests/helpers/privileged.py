@@ -10,11 +10,14 @@ import os
 
 import pytest
 
+from helpers.markers import require_marker
+
 REQUIRE_PRIVILEGED = os.environ.get("STALLSCOPE_REQUIRE_PRIVILEGED") == "1"
 
 
 def require_privileged(ok, reason):
-    """Skip (or, in CI, fail) unless `ok`."""
+    """Skip (or, in CI, fail) unless `ok`; only in a test marked `privileged`."""
+    require_marker("privileged", "needs privileges (require_privileged)")
     if ok:
         return
     if REQUIRE_PRIVILEGED:

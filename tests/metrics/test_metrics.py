@@ -16,7 +16,9 @@ from helpers.prometheus import metrics_port, samples, scrape, total
 from helpers.waiting import wait_for
 from stallscope.service import selfstats
 from stallscope.service.metrics import GC_BUCKETS_S, OTHER, Metrics
-from stallscope.service.store import Store
+from stallscope.store.database import Store
+
+pytestmark = pytest.mark.daemon
 
 ENGINE = Path(__file__).with_name("metrics_engine.py")
 MS = 1_000_000

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from helpers.daemonproc import DaemonProcess
 from helpers.prometheus import (
     PrometheusServer,
@@ -17,6 +19,8 @@ from helpers.prometheus import (
     total,
 )
 from helpers.waiting import wait_for
+
+pytestmark = [pytest.mark.daemon, pytest.mark.privileged]
 
 ENGINE = Path(__file__).with_name("metrics_engine.py")
 DASHBOARD = Path(__file__).resolve().parents[2] / "docs" / "grafana-dashboard.json"

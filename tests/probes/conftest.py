@@ -2,8 +2,8 @@
 
 import pytest
 
-from stallscope.probes import fake_nvml
-from stallscope.service.store import Store
+from stallscope.store.database import Store
+from stallscope.testing import fake_nvml
 
 
 @pytest.fixture

@@ -3,9 +3,9 @@
 import pytest
 
 from stallscope.service import config
-from stallscope.service.coverage import Coverage
 from stallscope.service.deep import MAX_WINDOW_S, DeepWindows
-from stallscope.service.store import Store
+from stallscope.store.coverage import Coverage
+from stallscope.store.database import Store
 
 
 class FakeProbe:

@@ -9,6 +9,8 @@ from helpers.privileged import require_privileged
 from helpers.sched import CollectSink, Workload
 from stallscope.probes.faults_bcc import BccFaultsProbe, first_touch_cost
 
+pytestmark = pytest.mark.privileged
+
 
 @pytest.fixture(scope="module")
 def probe():

@@ -20,6 +20,8 @@ import pytest
 from helpers.daemonproc import DaemonProcess
 from helpers.privileged import is_root, require_privileged
 
+pytestmark = [pytest.mark.daemon, pytest.mark.privileged]
+
 SYSTEM_PYTHON = "/usr/bin/python3"
 
 CHILD = textwrap.dedent(

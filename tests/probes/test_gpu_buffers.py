@@ -7,7 +7,7 @@ import time
 import pytest
 
 from helpers.gpu import make_probe, rows
-from stallscope.probes import fake_nvml
+from stallscope.testing import fake_nvml
 
 
 def test_empty_sample_buffer_is_normal(fake, store):

@@ -1,6 +1,6 @@
 """The GPU probe against a fake libnvidia-ml (H200 answers), through the real bindings.
 
-`pynvml.nvmlLib` is replaced with stallscope.probes.fake_nvml.FakeNvml, so the
+`pynvml.nvmlLib` is replaced with stallscope.testing.fake_nvml.FakeNvml, so the
 bindings' own marshalling and error mapping run (nvidia-ml-py 13.615.71 at
 the time of writing; the project requires >= 12.535). Rows go through the
 real Store into DuckDB and are asserted there. No timing assertions.
@@ -17,8 +17,8 @@ import pytest
 from helpers.gpu import make_probe, rows
 from stallscope.probes import gpu_nvml, nvml_bindings
 from stallscope.probes.base import ProbeSettings
-from stallscope.probes.gpu_reasons import decode_clock_event_reasons, is_slowdown
 from stallscope.service.server import StoreSink
+from stallscope.vocab.gpu_reasons import decode_clock_event_reasons, is_slowdown
 
 
 def test_normal_readings_of_every_gpu(fake, store):

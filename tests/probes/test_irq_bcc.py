@@ -10,6 +10,8 @@ from helpers.privileged import require_privileged
 from helpers.sched import CollectSink, Workload
 from stallscope.probes.irq_bcc import SOFTIRQ_NAMES, BccIrqProbe
 
+pytestmark = pytest.mark.privileged
+
 NET_RX = SOFTIRQ_NAMES.index("NET_RX")
 
 

@@ -14,6 +14,8 @@ from helpers.sched import (
 from stallscope.probes.base import ProbeSettings
 from stallscope.probes.sched_bcc import BccSchedProbe
 
+pytestmark = pytest.mark.privileged
+
 
 @pytest.fixture(scope="module")
 def probe():

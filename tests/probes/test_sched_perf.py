@@ -15,6 +15,8 @@ from helpers.sched import (
 )
 from stallscope.probes.sched_perf import PerfSchedProbe
 
+pytestmark = pytest.mark.privileged
+
 
 @pytest.fixture(scope="module")
 def probe():

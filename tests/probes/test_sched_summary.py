@@ -14,10 +14,14 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from helpers.daemonproc import DaemonProcess
 from helpers.privileged import require_privileged
 from helpers.waiting import wait_for
 from stallscope.probes.sched_bcc import BccSchedProbe
+
+pytestmark = [pytest.mark.daemon, pytest.mark.privileged]
 
 CLIENT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "summary_client.py")
 

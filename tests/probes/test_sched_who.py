@@ -17,6 +17,8 @@ from stallscope.probes.bpf_common import decode_comm
 from stallscope.probes.sched_bcc import BccSchedProbe
 from stallscope.probes.sched_resolve import TgidResolver
 
+pytestmark = pytest.mark.privileged
+
 
 @pytest.fixture(scope="module")
 def probe():

@@ -9,6 +9,8 @@ from helpers.privileged import require_privileged
 from helpers.sched import CollectSink, Workload
 from stallscope.probes.syscalls_bcc import BccSyscallsProbe, syscall_names
 
+pytestmark = pytest.mark.privileged
+
 
 @pytest.fixture(scope="module")
 def probe():

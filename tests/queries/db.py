@@ -1,15 +1,12 @@
 """Small builders of test databases for the query tests (times in ms)."""
 
-import duckdb
-
-from stallscope.service.store import apply_schema
+from helpers.schema_db import fresh_db
 
 MS = 1_000_000
 
 
 def new_db():
-    con = duckdb.connect()
-    apply_schema(con)
+    con = fresh_db()
     return con
 
 

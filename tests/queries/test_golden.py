@@ -16,7 +16,8 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from stallscope.service.store import apply_schema
+from helpers.schema_db import fresh_db
+from stallscope.store.database import apply_schema
 
 HERE = Path(__file__).parent
 CASES = sorted((HERE / "cases").glob("*.sql"))
@@ -42,8 +43,7 @@ def run_case(path):
     first = text.splitlines()[0]
     assert first.startswith("-- fixture:"), f"{path.name}: first line must name the fixture"
     fixture = HERE / "fixtures" / (first.split(":", 1)[1].strip() + ".sql")
-    con = duckdb.connect()
-    apply_schema(con)
+    con = fresh_db()
     con.execute(fixture.read_text())
     cur = con.execute(text)
     return render([d[0] for d in cur.description], cur.fetchall())
@@ -52,7 +52,7 @@ def run_case(path):
 def test_every_query_file_loads():
     con = duckdb.connect()
     apply_schema(con)
-    from stallscope.analysis import views
+    from stallscope.store import views
 
     assert views.create_views(con) == []
 

@@ -5,19 +5,17 @@ the rule each row proves)."""
 
 from pathlib import Path
 
-import duckdb
 import pytest
 
-from stallscope.analysis import views
-from stallscope.service.store import apply_schema
+from helpers.schema_db import fresh_db
+from stallscope.store import views
 
 FIXTURES = Path(__file__).parent / "fixtures"
 MS = 1_000_000
 
 
 def load(name):
-    con = duckdb.connect()
-    apply_schema(con)
+    con = fresh_db()
     con.execute((FIXTURES / f"{name}.sql").read_text())
     assert views.create_views(con) == []
     return con

@@ -5,8 +5,9 @@ from pathlib import Path
 
 import duckdb
 
-from stallscope.analysis import rules, views
-from stallscope.service.store import apply_schema
+from stallscope.store import views
+from stallscope.store.database import apply_schema
+from stallscope.vocab import rules
 
 QUERIES = Path(__file__).resolve().parents[2] / "queries"
 

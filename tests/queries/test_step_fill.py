@@ -1,4 +1,4 @@
-"""step_components (service/step_fill.py) against the recomputing views.
+"""step_components (store/step_fill.py) against the recomputing views.
 
 Every golden case is run with the table filled up to several points (none,
 part, all of the steps) and must give its golden CSV, and the same rows as
@@ -9,13 +9,12 @@ the filled steps they touch back, and steps whose lock chain is still open
 must wait.
 """
 
-import duckdb
 import pytest
 from tests.queries.test_golden import CASES, HERE, render
 
-from stallscope.service import step_fill
-from stallscope.service.step_fill import StepFiller
-from stallscope.service.store import apply_schema
+from helpers.schema_db import fresh_db
+from stallscope.store import step_fill
+from stallscope.store.step_fill import StepFiller
 
 MS = 1_000_000
 FAR = 10**18  # a `now` after every step: no settling wait
@@ -42,8 +41,7 @@ class FakeStore:
 
 
 def fixture_db(name):
-    con = duckdb.connect()
-    apply_schema(con)
+    con = fresh_db()
     con.execute((HERE / "fixtures" / f"{name}.sql").read_text())
     return con
 
@@ -204,8 +202,7 @@ def test_new_run_of_a_preemptor_takes_its_steps_back():
 
 
 def test_open_lock_chain_waits_for_the_row_that_closes_it():
-    con = duckdb.connect()
-    apply_schema(con)
+    con = fresh_db()
     con.execute("INSERT INTO runs (run_id, pid, label) VALUES (1, 100, 'engine')")
     for i in range(8):  # 10 ms steps every 20 ms; the last one 240-250 ms
         con.execute(

@@ -17,9 +17,12 @@ import re
 import sys
 
 import duckdb
+import pytest
 
 from helpers.run import stallscope_run, write_script
 from stallscope.analysis import compare_arms
+
+pytestmark = pytest.mark.daemon
 
 ENGINE = """
 import time

@@ -8,7 +8,11 @@ import json
 import re
 import sys
 
+import pytest
+
 from helpers.run import stallscope_run, write_script
+
+pytestmark = pytest.mark.daemon
 
 APP = """
 import gc, json, sys, time

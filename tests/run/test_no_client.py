@@ -22,6 +22,8 @@ from helpers.privileged import is_root, require_privileged
 from helpers.run import stallscope_run, write_script
 from helpers.waiting import wait_for
 
+pytestmark = [pytest.mark.daemon, pytest.mark.privileged]
+
 SYSTEM_PYTHON = "/usr/bin/python3"
 
 COUNTING = """

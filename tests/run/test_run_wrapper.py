@@ -18,6 +18,8 @@ import pytest
 from helpers.run import stallscope_run, write_script
 from stallscope.cli.run import site_dir
 
+pytestmark = pytest.mark.daemon
+
 STEP_SPEC = "toyengine:Engine.step=step,batch=len(arg0)"
 
 APP = """

@@ -24,6 +24,8 @@ from helpers.run import stallscope_run, write_script
 from probe_client import _probe, wire
 from stallscope.demo import engine as engine_model
 
+pytestmark = pytest.mark.daemon
+
 STEP_SPEC = "toyengine:Engine.step=step,batch=len(arg0)"
 
 

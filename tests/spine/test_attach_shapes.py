@@ -20,6 +20,8 @@ import pytest
 import probe_client
 from probe_client import AttachError
 
+pytestmark = pytest.mark.daemon
+
 LIST = [1]  # mutable defaults: the method must receive these very objects
 DICT = {"k": 1}
 

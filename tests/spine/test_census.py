@@ -12,11 +12,14 @@ import gc
 import json
 
 import duckdb
+import pytest
 
 import probe_client
 from helpers.waiting import wait_for
 from probe_client import _census, wire
 from stallscope.analysis import report
+
+pytestmark = pytest.mark.daemon
 
 
 class CensusGrower:

@@ -17,6 +17,8 @@ import pytest
 import probe_client
 from probe_client import ExprError, _expr, wire
 
+pytestmark = pytest.mark.daemon
+
 
 def _ns():
     batch = types.SimpleNamespace(

@@ -15,6 +15,8 @@ import pytest
 import probe_client
 import probe_client._transport as transport
 
+pytestmark = pytest.mark.daemon
+
 
 def _collections():
     return sum(s["collections"] for s in gc.get_stats())

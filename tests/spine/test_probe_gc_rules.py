@@ -20,6 +20,8 @@ import probe_client
 from stallscope.demo import engine as engine_model
 from stallscope.demo.engine import Ticket
 
+pytestmark = pytest.mark.daemon
+
 
 class Executor(engine_model.Executor):
     """The toy engine's executor, keeping a weak reference to every ticket."""

@@ -4,7 +4,11 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from stallscope.demo import engine as eng
+
+pytestmark = pytest.mark.daemon
 
 
 def test_request_walks_the_recurrent_depth_stages():

@@ -13,10 +13,14 @@ import textwrap
 import threading
 import time
 
+import pytest
+
 import probe_client
 from helpers.daemonproc import DaemonProcess
 from helpers.waiting import wait_for
 from probe_client import wire
+
+pytestmark = pytest.mark.daemon
 
 
 def test_records_sent_equal_records_stored(daemon):

@@ -20,16 +20,20 @@ from helpers.daemonproc import DaemonProcess
 from helpers.privileged import require_privileged
 from helpers.waiting import wait_for
 from probe_client import wire
-from stallscope.demo.flood import FLOOD_SCRIPT
 from stallscope.probes import bpf_common
-from stallscope.service import server, store
+from stallscope.service import server
+from stallscope.store import database as store
+from stallscope.testing.flood import FLOOD_SCRIPT
+
+pytestmark = [pytest.mark.daemon, pytest.mark.privileged]
 
 # Records the daemon's bounds as they are exercised: the largest queue a flush
 # took and the most records read before a decode. Written at exit.
 BOUNDS_PREAMBLE = textwrap.dedent(
     """
     import atexit, json, os
-    from stallscope.service import ingest_records, store
+    from stallscope.ingest import records as ingest_records
+    from stallscope.store import database as store
     seen = {"flush_rows": 0, "undecoded": 0}
     _flush, _decode = store.Store.flush, ingest_records.RecordDecoder.decode_pending
     def flush(self):

@@ -10,8 +10,11 @@ import pytest
 
 import probe_client
 from helpers.daemonproc import DaemonProcess
-from stallscope.service import migrations
-from stallscope.service.store import Store
+from stallscope.errors import SchemaVersionError
+from stallscope.store import migrations
+from stallscope.store.database import Store
+
+pytestmark = pytest.mark.daemon
 
 OLD_SCHEMA = Path(__file__).parent / "fixtures" / "schema_0.1.0"
 
@@ -94,7 +97,7 @@ def test_database_from_a_newer_release_is_refused_untouched(tmp_path):
     )
     store.close()
     before = db.read_bytes()
-    with pytest.raises(migrations.SchemaVersionError, match="newer stallscope"):
+    with pytest.raises(SchemaVersionError, match="newer stallscope"):
         Store(str(db))
     con = duckdb.connect(str(db), read_only=True)
     assert (

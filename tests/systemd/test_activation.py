@@ -12,12 +12,15 @@ import pytest
 
 import probe_client
 from helpers.systemd import NotifyListener, ServiceProcess, have
-from stallscope.service import activation
+from stallscope.service.systemd import activation
 
-pytestmark = pytest.mark.skipif(
-    not have("systemd-socket-activate"),
-    reason="needs systemd-socket-activate (Debian package systemd)",
-)
+pytestmark = [
+    pytest.mark.skipif(
+        not have("systemd-socket-activate"),
+        reason="needs systemd-socket-activate (Debian package systemd)",
+    ),
+    pytest.mark.daemon,
+]
 
 NO_PROBES = '[probes]\nsched_backend = "none"\ngpu_backend = "none"\n'
 
@@ -114,7 +117,7 @@ def test_listen_fds_parsing():
         "b = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\n"
         "os.dup2(a.fileno(), 3); os.dup2(b.fileno(), 4)\n"
         "os.environ.update(LISTEN_PID=str(os.getpid()), LISTEN_FDS='2', LISTEN_FDNAMES='probe:api')\n"
-        "from stallscope.service import activation as act\n"
+        "from stallscope.service.systemd import activation as act\n"
         "fds = act.listen_fds()\n"
         "print(json.dumps([fds, act.pick(fds, 'probe'), 'LISTEN_FDS' in os.environ,"
         " os.get_inheritable(3)]))\n"

@@ -11,6 +11,8 @@ import probe_client
 from helpers.systemd import REPO, NotifyListener, ServiceProcess, proc_backend_available
 from stallscope.service import config
 
+pytestmark = pytest.mark.daemon
+
 
 def write(tmp_path, text, name="c.toml"):
     p = tmp_path / name

@@ -13,7 +13,9 @@ from itertools import pairwise
 import pytest
 
 from helpers.systemd import NotifyListener, ServiceProcess, proc_backend_available
-from stallscope.service import notify as notifymod
+from stallscope.service.systemd import notify as notifymod
+
+pytestmark = pytest.mark.daemon
 
 NO_PROBES = '[probes]\nsched_backend = "none"\ngpu_backend = "none"\n'
 

@@ -1,5 +1,5 @@
 """SIGHUP changes a real probe's rate: a daemon process whose NVML is the fake
-H200 (stallscope/probes/fake_nvml.py, through the real bindings) polls at 10 Hz,
+H200 (stallscope/testing/fake_nvml.py, through the real bindings) polls at 10 Hz,
 the file is changed to 40 Hz and SIGHUP sent; the poll rows it stores after
 the reload come at least twice as often as before, with no restart."""
 
@@ -11,11 +11,13 @@ import pytest
 
 from helpers.systemd import NotifyListener, ServiceProcess
 
+pytestmark = pytest.mark.daemon
+
 pytest.importorskip("pynvml")
 
 WRAPPER = (
     "import sys\n"
-    "from stallscope.probes import fake_nvml\n"
+    "from stallscope.testing import fake_nvml\n"
     "fake_nvml.install(fake_nvml.FakeNvml(gpus=1))\n"
     "from stallscope.cli import main\n"
     "sys.exit(main(sys.argv[1:]))\n"

@@ -8,8 +8,10 @@ import numpy as np
 import pytest
 
 from helpers.systemd import ServiceProcess
-from stallscope.service.retention import SIZE_TARGET_FRACTION, Limits, Retention, used_bytes
-from stallscope.service.store import Store
+from stallscope.store.database import Store
+from stallscope.store.retention import SIZE_TARGET_FRACTION, Limits, Retention, used_bytes
+
+pytestmark = pytest.mark.daemon
 
 # One DuckDB row group per run: space comes back a row group at a time.
 SPANS_PER_RUN = 122_880

@@ -13,10 +13,13 @@ import pytest
 import probe_client
 from helpers.systemd import REPO, ServiceProcess, allowed_syscalls, have, strace_summary_syscalls
 
-pytestmark = pytest.mark.skipif(
-    not (have("strace") and have("systemd-analyze") and have("systemd-socket-activate")),
-    reason="needs strace, systemd-analyze and systemd-socket-activate",
-)
+pytestmark = [
+    pytest.mark.skipif(
+        not (have("strace") and have("systemd-analyze") and have("systemd-socket-activate")),
+        reason="needs strace, systemd-analyze and systemd-socket-activate",
+    ),
+    pytest.mark.daemon,
+]
 
 CONFIG = (
     '[probes]\ngpu_backend = "none"\nsched_poll_hz = {hz}\n'

@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 from helpers.systemd import REPO, have
-from stallscope.service import activation
+from stallscope.service.systemd import activation
 
 INSTALL = str(REPO / "scripts" / "install.sh")
 UNITDIR = "usr/local/lib/systemd/system"

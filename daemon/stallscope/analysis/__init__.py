@@ -1,2 +1,2 @@
-"""The read side: opening the database (directly or through the daemon's API),
-loading the named views, and the summary, report and compare tools."""
+"""The read side: reading a database file, the Query sandbox, and the summary,
+report and compare tools over the named views."""

@@ -11,10 +11,10 @@ It only reads, so it works on a read-only connection or one the daemon lends.
 
 import os
 
-from stallscope.analysis import rules
 from stallscope.analysis.coverage import coverage_section
 from stallscope.analysis.formatting import format_table
 from stallscope.analysis.gc_forensics import gc_section
+from stallscope.vocab import rules
 
 MAX_ZOOM_FIGURES = 24  # zooms in all, shared out per run (at least one each), longest passes first
 ZOOM_HALF_WIDTH_NS = 1_000_000_000

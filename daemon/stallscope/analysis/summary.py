@@ -7,7 +7,7 @@ wrote, with or without the attribution views.
 from stallscope.analysis.formatting import format_rows
 
 # Idle steps (marked idle, or batch 0 on a thread that reports batch sizes:
-# the rule of stallscope.analysis.rules and the _step view) are counted
+# the rule of stallscope.vocab.rules and the _step view) are counted
 # apart and left out of the percentiles.
 STEPS_PER_STAGE = """
 WITH s AS (

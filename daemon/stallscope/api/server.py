@@ -1,15 +1,17 @@
 """The daemon's gRPC server: StreamEvents, Query, GetStatus, ListRuns.
 
-`start_api_server(daemon, api_socket, listen=None, tls_cert=None,
+`start_api_server(daemon, api_socket, fanout, listen=None, tls_cert=None,
 tls_key=None, client_ca=None)` serves the Stallscope service plus standard
 health checking and reflection (v1 and v1alpha) on a Unix socket (mode 0660, group
 stallscope when it exists) and, only with a certificate and key, on TCP with
-TLS (mutual TLS when a client CA is given). It subscribes one listener to
-the store; live events flow through `fanout` (bounded per-subscriber
-queues), stall alerts come from `alerts`, SQL runs in `sandbox` and is cut
-into messages by size in `query_stream`. It never
-writes to the database and never blocks a producer: the store listener only
-queues references. Plain-text TCP is refused, never silently served.
+TLS (mutual TLS when a client CA is given). Transport only: live events come
+from the store's `fanout` (bounded per-subscriber queues; stall alerts are
+one more kind in it), which the service creates and subscribes to the store;
+SQL runs in `analysis.sandbox` and is cut into messages by size in
+`query_stream`; diagnosis windows and exports are the daemon's
+(`daemon.start_diagnosis`, `daemon.exports`), turned into status codes here.
+It never writes to the database and never blocks a producer. Plain-text TCP
+is refused, never silently served.
 """
 
 import grp
@@ -23,16 +25,14 @@ from concurrent import futures
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from stallscope.analysis.sandbox import QueryRun
 from stallscope.api import events, query_stream, reflection
-from stallscope.api.alerts import StallDetector
-from stallscope.api.fanout import DropMark, Fanout, Filter
-from stallscope.api.sandbox import QueryRun
 from stallscope.api.status_parts import clock_pair, package_version, set_stats
 from stallscope.api.v1 import stallscope_pb2 as pb
 from stallscope.api.v1 import stallscope_pb2_grpc as pb_grpc
 from stallscope.api.values import from_value
-from stallscope.errors import ApiConfigError, NotSandboxed, QueryError
-from stallscope.service.sockets import prepare_path
+from stallscope.errors import ApiConfigError, ExportBusy, NotSandboxed, QueryError, StallscopeError
+from stallscope.store.fanout import DropMark, Filter
 
 log = logging.getLogger("stallscope.api")
 
@@ -75,10 +75,9 @@ def _dropped_event(mark):
 class StallscopeServicer(pb_grpc.StallscopeServicer):
     """The rpcs; method names are the rpc names."""
 
-    def __init__(self, daemon, fanout, detector):
+    def __init__(self, daemon, fanout):
         self.daemon = daemon
         self.fanout = fanout
-        self.detector = detector
         self._queries = threading.BoundedSemaphore(MAX_CONCURRENT_QUERIES)
         self.started_ns = getattr(daemon, "started_ns", time.monotonic_ns())
         self.shutting_down = False  # set by ApiServer.stop: streams end UNAVAILABLE
@@ -300,33 +299,54 @@ class StallscopeServicer(pb_grpc.StallscopeServicer):
         return resp
 
     def StartDiagnosis(self, request, context):
-        from stallscope.service.deep import diagnosis_rpc
-
-        return diagnosis_rpc(self.daemon, request, context)
+        daemon = self.daemon
+        try:
+            until_ns, names = daemon.start_diagnosis(request.duration_ms / 1000.0)
+        except ValueError as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except RuntimeError as exc:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        return pb.StartDiagnosisResponse(
+            until_ns=until_ns or 0, probes=names, deep=daemon.deep.deep
+        )
 
     def ExportParquet(self, request, context):
-        from stallscope.service.export import export_rpc
-
-        return export_rpc(self.daemon, request, context)
-
-
-def _prepare_unix_socket(path):
-    if not prepare_path(path, socket.SOCK_STREAM):
-        raise ApiConfigError(f"another process serves the API on {path}")
+        exports = self.daemon.exports
+        if exports.out_dir is None:
+            context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                "the daemon has no export directory: start it with --export-dir DIR "
+                "(config export.parquet_dir)",
+            )
+        if request.dir and os.path.abspath(request.dir) != exports.out_dir:
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"the daemon exports to {exports.out_dir} only (its --export-dir), not {request.dir}",
+            )
+        try:
+            result = exports.export()
+        except ExportBusy as exc:
+            context.abort(grpc.StatusCode.ABORTED, str(exc))
+        except (StallscopeError, OSError) as exc:
+            context.abort(grpc.StatusCode.INTERNAL, f"export failed: {exc}")
+        return pb.ExportParquetResponse(
+            dir=result.out_dir,
+            host=result.host,
+            watermark_ns=result.watermark_ns,
+            tables=[pb.ExportedTable(table=t, rows=n) for t, n in sorted(result.rows.items())],
+            files=result.files,
+            runs_derived=result.runs_derived,
+        )
 
 
 class ApiServer:
     """The running server; `stop(grace)` ends streams and closes sockets."""
 
-    def __init__(
-        self, server, fanout, detector, store, api_socket, tcp_port, health=None, servicer=None
-    ):
+    def __init__(self, server, fanout, api_socket, tcp_port, health=None, servicer=None):
         self.server = server
         self.health = health
         self.servicer = servicer
         self.fanout = fanout
-        self.detector = detector
-        self.store = store
         self.api_socket = api_socket
         self.tcp_port = tcp_port
 
@@ -342,8 +362,6 @@ class ApiServer:
             self.health.enter_graceful_shutdown()  # every service -> NOT_SERVING
         if self.servicer is not None:
             self.servicer.shutting_down = True
-        self.store.remove_listener(self.fanout.on_batch)
-        self.detector.stop()
         self.fanout.close_all()
         self.server.stop(grace).wait(grace + 2)
         if self.api_socket:
@@ -353,23 +371,19 @@ class ApiServer:
                 pass
 
 
-def start_api_server(daemon, api_socket, listen=None, tls_cert=None, tls_key=None, client_ca=None):
-    """Serve the API for `daemon`; returns an ApiServer. The TLS options were
-    checked with the rest of the configuration (config.check_api); raises
-    ApiConfigError when there is no endpoint or the socket is in use."""
+def start_api_server(
+    daemon, api_socket, fanout, listen=None, tls_cert=None, tls_key=None, client_ca=None
+):
+    """Serve the API for `daemon`, live events from `fanout`; returns an
+    ApiServer. The caller has prepared the socket's path (the service:
+    directory made, a stale file removed) and checked the TLS options with
+    the rest of the configuration (config.check_api); raises ApiConfigError
+    when there is no endpoint or it cannot be served."""
     if not api_socket and not listen:
         raise ApiConfigError(
             "no API endpoint: give --api-socket PATH and/or --grpc-listen HOST:PORT with TLS"
         )
-    if api_socket:
-        _prepare_unix_socket(api_socket)
-
-    def run_pids():
-        return {r.run_id: r.pid for r in list(daemon.ingest.runs.values())}
-
-    fanout = Fanout(run_pids)
-    detector = StallDetector(fanout).start()
-    servicer = StallscopeServicer(daemon, fanout, detector)
+    servicer = StallscopeServicer(daemon, fanout)
     server = grpc.server(
         futures.ThreadPoolExecutor(
             max_workers=MAX_SUBSCRIBERS + MAX_CONCURRENT_QUERIES + 4, thread_name_prefix="api"
@@ -398,7 +412,6 @@ def start_api_server(daemon, api_socket, listen=None, tls_cert=None, tls_key=Non
                 raise RuntimeError(f"could not listen on {listen}")
         server.start()
     except (RuntimeError, OSError) as exc:
-        detector.stop()
         raise ApiConfigError(f"API: {exc}") from None
     finally:
         os.umask(old)
@@ -408,7 +421,6 @@ def start_api_server(daemon, api_socket, listen=None, tls_cert=None, tls_key=Non
             os.chown(api_socket, -1, grp.getgrnam("stallscope").gr_gid)
         except (KeyError, OSError):
             pass
-    daemon.store.add_listener(fanout.on_batch)
     health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
     health_servicer.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
     where = []
@@ -421,12 +433,5 @@ def start_api_server(daemon, api_socket, listen=None, tls_cert=None, tls_key=Non
         )
     log.info("API serving on %s", " and ".join(where))
     return ApiServer(
-        server,
-        fanout,
-        detector,
-        daemon.store,
-        api_socket,
-        tcp_port,
-        health=health_servicer,
-        servicer=servicer,
+        server, fanout, api_socket, tcp_port, health=health_servicer, servicer=servicer
     )

@@ -49,8 +49,8 @@ def build_parser():
 def main(argv=None):
     if (sys.argv[1:] if argv is None else list(argv))[:1] == ["daemon"]:
         # Before anything else: a SIGTERM during start-up is a stop request,
-        # not a death with records clients already sent (service/stopping.py).
-        from stallscope.service import stopping
+        # not a death with records clients already sent (service/systemd/stopping.py).
+        from stallscope.service.systemd import stopping
 
         stopping.install()
     args = build_parser().parse_args(argv)

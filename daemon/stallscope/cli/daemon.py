@@ -58,10 +58,10 @@ def add_arguments(parser):
 
 
 def run(args):
-    from stallscope.service import activation, stopping
-    from stallscope.service.notify import Notifier
-    from stallscope.service.retention import Limits
     from stallscope.service.server import Daemon
+    from stallscope.service.systemd import activation, stopping
+    from stallscope.service.systemd.notify import Notifier
+    from stallscope.store.retention import Limits
 
     source = config.Source(flags=dict(vars(args)), config_file=args.config)
     cfg = source.load()

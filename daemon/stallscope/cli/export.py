@@ -28,10 +28,10 @@ def _perfetto_arguments(parser):
 
 
 def run_perfetto(args):
-    from stallscope.analysis import access
+    from stallscope.cli.source import open_for_reading
     from stallscope.export.perfetto import write_trace
 
-    source = access.open_for_reading(args.db, args.api_socket)
+    source = open_for_reading(args.db, args.api_socket)
     try:
         counts = write_trace(source, args.output, args.run, args.from_ns, args.to_ns)
     finally:
@@ -85,8 +85,8 @@ def run_parquet(args):
 def _parquet_through_daemon(args):
     import os
 
-    from stallscope.analysis.access import api_socket_candidates
     from stallscope.api.client import Client
+    from stallscope.cli.source import api_socket_candidates
     from stallscope.errors import AccessError, ApiError
 
     sockets = [s for s in api_socket_candidates(args.db, args.api_socket) if os.path.exists(s)]

@@ -2,7 +2,7 @@
 
 Each reads a database file directly when no daemon holds it, or through a
 running daemon's API when one does (DuckDB allows one writer process;
-`analysis.access` picks). They never write to the database.
+`cli/source.py` picks). They never write to the database.
 """
 
 import sys
@@ -11,9 +11,9 @@ from stallscope.cli.command import Command, add_db_arguments
 
 
 def _open_readonly(args):
-    from stallscope.analysis import access
+    from stallscope.cli.source import open_for_reading
 
-    return access.open_for_reading(args.db, args.api_socket)
+    return open_for_reading(args.db, args.api_socket)
 
 
 # ----- query ---------------------------------------------------------------------

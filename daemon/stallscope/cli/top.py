@@ -1,6 +1,7 @@
 """`stallscope top`: the live terminal dashboard over a daemon's event stream.
 
-Only the arguments live here; `api.top` draws the dashboard.
+Only the arguments live here (so `--help` imports no gRPC); `cli/top_screen.py`
+draws the dashboard.
 """
 
 from stallscope.cli.command import Command, env_default
@@ -17,9 +18,9 @@ def add_arguments(parser):
 
 
 def run(args):
-    from stallscope.api import top
+    from stallscope.cli import top_screen
 
-    return top.run(args.api_socket, duration_s=args.duration)
+    return top_screen.run(args.api_socket, duration_s=args.duration)
 
 
 TOP = Command(

@@ -20,11 +20,11 @@ from pathlib import Path
 
 import duckdb
 
-from stallscope.analysis import views
 from stallscope.errors import StallscopeError
 from stallscope.export.parquet import DERIVED_VIEWS, VERSION_KEYS, arrow_reader
-from stallscope.service.migrations import SCHEMA_DIR
-from stallscope.service.store import STORED_TABLES
+from stallscope.store import views
+from stallscope.store.database import STORED_TABLES
+from stallscope.store.migrations import SCHEMA_DIR
 
 
 class FleetError(StallscopeError):

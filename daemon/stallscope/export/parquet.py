@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import pyarrow.parquet as pq
 
 from stallscope.errors import StallscopeError
-from stallscope.service.store import STORED_TABLES
+from stallscope.store.database import STORED_TABLES
 
 STATE_DIR = "_stallscope"  # Spark and Hive skip names starting with '_'
 STATE_VERSION = 1

@@ -9,7 +9,7 @@ and whether it can change on SIGHUP ("live"). A file that does not parse,
 an unknown key, a value of the wrong type or a combination that must not run
 (the API on TCP without TLS) is refused with the file, line and reason; this
 module never falls back to a partial configuration and never changes a
-running daemon by itself (`service/reload.py` applies a reloaded one).
+running daemon by itself (`service/systemd/reload.py` applies a reloaded one).
 
 TOML is read with `tomllib` (Python 3.11+). On Python 3.10 it uses the
 `tomli` package when installed (same API) and otherwise refuses a config

@@ -92,18 +92,3 @@ class DeepWindows:
             except Exception as exc:
                 log.error("%s probe could not detach: %s", probe.name, exc)
             self.coverage.probe_stopped(probe.name, max(now_ns or 0, time.monotonic_ns()))
-
-
-def diagnosis_rpc(daemon, request, context):
-    """The API's StartDiagnosis on `daemon` (api/server.py delegates here)."""
-    import grpc
-
-    from stallscope.api.v1 import stallscope_pb2 as pb
-
-    try:
-        until_ns, names = daemon.start_diagnosis(request.duration_ms / 1000.0)
-    except ValueError as exc:
-        context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-    except RuntimeError as exc:
-        context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
-    return pb.StartDiagnosisResponse(until_ns=until_ns or 0, probes=names, deep=daemon.deep.deep)

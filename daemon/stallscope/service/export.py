@@ -16,11 +16,9 @@ import os
 import socket
 import threading
 
+from stallscope.errors import ExportBusy
+
 log = logging.getLogger("stallscope.export")
-
-
-class ExportBusy(Exception):
-    """An export is already running."""
 
 
 class DaemonExports:
@@ -67,38 +65,3 @@ class DaemonExports:
             pass
         except Exception as exc:  # an export must never take the daemon down
             log.warning("export after retention failed: %s", exc)
-
-
-def export_rpc(daemon, request, context):
-    """The API's ExportParquet on `daemon` (api/server.py delegates here)."""
-    import grpc
-
-    from stallscope.api.v1 import stallscope_pb2 as pb
-    from stallscope.errors import StallscopeError
-
-    exports = daemon.exports
-    if exports.out_dir is None:
-        context.abort(
-            grpc.StatusCode.FAILED_PRECONDITION,
-            "the daemon has no export directory: start it with --export-dir DIR "
-            "(config export.parquet_dir)",
-        )
-    if request.dir and os.path.abspath(request.dir) != exports.out_dir:
-        context.abort(
-            grpc.StatusCode.INVALID_ARGUMENT,
-            f"the daemon exports to {exports.out_dir} only (its --export-dir), not {request.dir}",
-        )
-    try:
-        result = exports.export()
-    except ExportBusy as exc:
-        context.abort(grpc.StatusCode.ABORTED, str(exc))
-    except (StallscopeError, OSError) as exc:
-        context.abort(grpc.StatusCode.INTERNAL, f"export failed: {exc}")
-    return pb.ExportParquetResponse(
-        dir=result.out_dir,
-        host=result.host,
-        watermark_ns=result.watermark_ns,
-        tables=[pb.ExportedTable(table=t, rows=n) for t, n in sorted(result.rows.items())],
-        files=result.files,
-        runs_derived=result.runs_derived,
-    )

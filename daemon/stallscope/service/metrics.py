@@ -6,7 +6,7 @@ counts and sums under one short lock, never a Python step per record, so a
 scrape costs ingest nothing and a busy ingest costs a scrape nothing. The
 rest (records stored, lost and rejected, probe states, the daemon's CPU and
 memory) is read when Prometheus scrapes (`metrics_scrape.py`). Slow steps
-by cause are the API's live stall detector's alerts (api/alerts.py), handed
+by cause are the API's live stall detector's alerts (store/alerts.py), handed
 to `fold_alerts`. Labels are bounded: run label and stage keep their first
 `max_label_values` values each and fold the rest into "other"; no pid, tid
 or run id label exists. docs/metrics.md lists every metric. It never
@@ -212,7 +212,7 @@ class Metrics:
                 self._gc_collected[g] = self._gc_collected.get(g, 0) + int(n)
 
     def _fold_offcpu(self, batch):
-        from stallscope.api.alerts import offcpu_weights  # the alerts' pro-rating rule
+        from stallscope.vocab.offcpu import offcpu_weights  # the alerts' pro-rating rule
 
         weights = offcpu_weights(batch)
         length_s = (_np(batch["end_ns"]) - _np(batch["start_ns"])).astype(np.float64) / 1e9
@@ -243,7 +243,7 @@ class Metrics:
                 self._gpu.setdefault(gpu, {}).update(values)
 
     def fold_alerts(self, batch):
-        """Stall alerts (api/alerts.py): one slow step each, with its cause."""
+        """Stall alerts (store/alerts.py): one slow step each, with its cause."""
         counts = pc.value_counts(pc.fill_null(batch["cause"], "unexplained")).to_pylist()
         with self._lock:
             for item in counts:

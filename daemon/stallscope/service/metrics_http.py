@@ -26,12 +26,12 @@ class _AlertFollower:
     """Counts stall alerts into `metrics` from a fanout subscription."""
 
     def __init__(self, metrics, fanout):
-        from stallscope.api.fanout import Filter
-        from stallscope.api.v1 import stallscope_pb2 as pb
+        from stallscope.store.fanout import Filter
+        from stallscope.vocab.event_kinds import STALL_ALERT
 
         self.metrics = metrics
         self.fanout = fanout
-        self.sub = fanout.subscribe(Filter(kinds=(pb.STALL_ALERT,)), name="metrics")
+        self.sub = fanout.subscribe(Filter(kinds=(STALL_ALERT,)), name="metrics")
         self._thread = threading.Thread(target=self._run, name="metrics-alerts", daemon=True)
         self._thread.start()
 

@@ -12,8 +12,8 @@ import logging
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from stallscope.probes.gpu_reasons import CLOCK_EVENT_REASONS
 from stallscope.service import selfstats
+from stallscope.vocab.gpu_reasons import CLOCK_EVENT_REASONS
 
 log = logging.getLogger("stallscope.metrics")
 

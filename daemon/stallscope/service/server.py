@@ -21,19 +21,20 @@ import time
 
 from stallscope import probes as probe_registry
 from stallscope.errors import ConfigError
+from stallscope.ingest.listener import Ingest
+from stallscope.ingest.sockets import prepare_path
 from stallscope.probes import bpf_common
 from stallscope.probes.base import ProbeSettings, Sink
-from stallscope.service import endpoint
-from stallscope.service import reload as config_reload
-from stallscope.service.coverage import Coverage
 from stallscope.service.deep import DeepWindows
 from stallscope.service.export import DaemonExports
-from stallscope.service.ingest import Ingest
-from stallscope.service.retention import Retention
 from stallscope.service.selfstats import SelfStats
-from stallscope.service.step_fill import StepFiller
-from stallscope.service.store import DB_UMASK, Store
+from stallscope.service.systemd import endpoint
+from stallscope.service.systemd import reload as config_reload
 from stallscope.service.watch import PidWatcher
+from stallscope.store.coverage import Coverage
+from stallscope.store.database import DB_UMASK, Store
+from stallscope.store.retention import Retention
+from stallscope.store.step_fill import StepFiller
 
 log = logging.getLogger("stallscope.daemon")
 
@@ -140,6 +141,7 @@ class Daemon:
         self._stop = stop_event if stop_event is not None else threading.Event()
         self.notify = notify
         self.api = None
+        self.fanout = self.detector = None  # the store's live listeners, with the API
         self.api_socket = api_socket
         self.api_options = api_options or {}
         self.metrics_listen = metrics_listen
@@ -310,6 +312,39 @@ class Daemon:
     def active_probes(self):
         return [f"{p.name}={p.backend}" for p in self.probes]
 
+    # ----- API ---------------------------------------------------------------------
+    def _start_api(self):
+        """The store's live listeners (fan-out to subscribers, the stall
+        detector subscribed to it), then the gRPC transport over them."""
+        import socket
+
+        from stallscope.api.server import start_api_server
+        from stallscope.errors import ApiConfigError
+        from stallscope.store.alerts import StallDetector
+        from stallscope.store.fanout import Fanout
+
+        if self.api_socket and not prepare_path(self.api_socket, socket.SOCK_STREAM):
+            raise ApiConfigError(f"another process serves the API on {self.api_socket}")
+
+        def run_pids():
+            return {r.run_id: r.pid for r in list(self.ingest.runs.values())}
+
+        self.fanout = Fanout(run_pids)
+        self.detector = StallDetector(self.fanout).start()
+        try:
+            self.api = start_api_server(self, self.api_socket, self.fanout, **self.api_options)
+        except BaseException:
+            self._stop_live()
+            self.fanout.close_all()
+            raise
+        self.store.add_listener(self.fanout.on_batch)
+
+    def _stop_live(self):
+        """Nothing more reaches the subscribers (the API's stop then closes
+        their queues, after marking its streams as ending UNAVAILABLE)."""
+        self.store.remove_listener(self.fanout.on_batch)
+        self.detector.stop()
+
     # ----- main loop -------------------------------------------------------------
     def stop(self, *_):
         self._stop.set()
@@ -320,10 +355,8 @@ class Daemon:
         if self.retention is not None:
             self.retention.start()
         if self.api_socket or self.api_options.get("listen"):
-            from stallscope.api.server import start_api_server
-
             try:
-                self.api = start_api_server(self, self.api_socket, **self.api_options)
+                self._start_api()
             except BaseException:
                 # e.g. another daemon serves that socket: close what is open
                 # (probe socket, probes, database) before saying why.
@@ -402,6 +435,7 @@ class Daemon:
         if self.metrics is not None:
             self.metrics.stop()
         if self.api is not None:
+            self._stop_live()
             self.api.stop(grace=0.5)
             endpoint.withdraw(self.store.path)
         self.ingest.close()

@@ -19,9 +19,9 @@ from collections import defaultdict, deque
 
 import grpc
 
-from stallscope.analysis import rules
 from stallscope.api.client import ApiError, Client
 from stallscope.api.v1 import stallscope_pb2 as pb
+from stallscope.vocab import rules
 
 WINDOW_NS = 10_000_000_000  # percentiles over the last 10 s of steps
 RATE_WINDOW_NS = 5_000_000_000  # steps/s over the last 5 s

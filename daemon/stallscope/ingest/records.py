@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 
 from probe_client import wire
-from stallscope.service.store import STORED_NS_SQL
+from stallscope.vocab.schema import STORED_NS_SQL
 
 RECORD_DTYPE = np.dtype(
     [

@@ -21,11 +21,11 @@ from collections import Counter
 
 from probe_client import wire
 from stallscope.errors import ConfigError, ServiceError
-from stallscope.service.ingest_census import CensusIngest
-from stallscope.service.ingest_records import RecordDecoder
-from stallscope.service.ingest_runs import RunRegistry
-from stallscope.service.ratelog import RateLimitedLog
-from stallscope.service.sockets import bind_listening, prepare_path
+from stallscope.ingest.census import CensusIngest
+from stallscope.ingest.ratelog import RateLimitedLog
+from stallscope.ingest.records import RecordDecoder
+from stallscope.ingest.runs import RunRegistry
+from stallscope.ingest.sockets import bind_listening, prepare_path
 
 log = logging.getLogger("stallscope.ingest")
 

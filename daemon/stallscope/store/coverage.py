@@ -13,7 +13,7 @@ statement queue, in order; this module never reads the database.
 import threading
 import time
 
-from stallscope.service.store import STORED_NS_SQL
+from stallscope.vocab.schema import STORED_NS_SQL
 
 
 class Coverage:

@@ -20,11 +20,12 @@ import re
 import time
 from pathlib import Path
 
-from stallscope.analysis import views
+from stallscope.errors import SchemaVersionError
+from stallscope.store import views
 
 log = logging.getLogger("stallscope.store")
 
-SCHEMA_DIR = Path(__file__).resolve().parent.parent / "schema"
+SCHEMA_DIR = Path(__file__).resolve().parent / "schema"
 MIGRATIONS_DIR = SCHEMA_DIR / "migrations"
 
 # The release that first recorded a schema version. A file without a
@@ -36,10 +37,6 @@ CREATE TABLE IF NOT EXISTS schema_version (
     name       VARCHAR    -- migration file name, or 'base'
 );
 """
-
-
-class SchemaVersionError(Exception):
-    """The database was written by a newer release than this one."""
 
 
 def migrations():

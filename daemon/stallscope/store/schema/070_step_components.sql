@@ -1,5 +1,5 @@
 -- Per-step attribution components kept by the daemon as steps close
--- (service/step_fill.py), so that step_attribution reads them instead of
+-- (store/step_fill.py), so that step_attribution reads them instead of
 -- joining every kernel row with every step on each query. The views
 -- (queries/step/) use a row only while it still matches its step and was
 -- computed with the session's step_lock_chain_gap_ns; every other step is

@@ -17,8 +17,8 @@ from collections import Counter
 import pyarrow as pa
 
 from probe_client import wire
-from stallscope.service.ingest_records import RunState
-from stallscope.service.store import STORED_NS_SQL
+from stallscope.ingest.records import RunState
+from stallscope.vocab.schema import STORED_NS_SQL
 
 log = logging.getLogger("stallscope.ingest")
 

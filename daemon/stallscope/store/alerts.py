@@ -1,6 +1,6 @@
 """Live stall alerts: a step slower than its running baseline, sent at once.
 
-The step rules of `stallscope.analysis.rules` (the ones step_attribution
+The step rules of `stallscope.vocab.rules` (the ones step_attribution
 uses), applied as steps arrive: a step (span kind "step") is slow when its
 duration exceeds SLOW_FACTOR (1.2) times the median of the last `window`
 steps with the same run, stage and batch size (at least BASELINE_MIN_STEPS
@@ -31,9 +31,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from stallscope.analysis import rules
-from stallscope.api.fanout import Filter
-from stallscope.api.v1 import stallscope_pb2 as pb
+from stallscope.store.fanout import Filter
+from stallscope.vocab import event_kinds, rules
+from stallscope.vocab.offcpu import offcpu_weights
 
 log = logging.getLogger("stallscope.api.alerts")
 
@@ -118,34 +118,6 @@ class _Intervals:
         return a[hit], b[hit], x[hit]
 
 
-def offcpu_weights(batch):
-    """Per row (off-CPU fraction, preempted fraction, sampled) of an offcpu batch."""
-    n = batch.num_rows
-    pre = pc.fill_null(batch["preempted"], False).to_numpy(zero_copy_only=False)
-    weights = np.zeros((n, 3))
-    weights[:, 0] = 1.0
-    weights[:, 1] = pre.astype(float)
-    if "resolution_ns" in batch.column_names and batch["resolution_ns"].null_count < n:
-        window = ~batch["resolution_ns"].is_null().to_numpy(zero_copy_only=False)
-
-        def col(name):
-            if name not in batch.column_names:
-                return np.zeros(n)
-            return pc.fill_null(batch[name], 0).to_numpy(zero_copy_only=False).astype(float)
-
-        length = (
-            batch["end_ns"].to_numpy(zero_copy_only=False)
-            - batch["start_ns"].to_numpy(zero_copy_only=False)
-        ).astype(float)
-        off = np.clip(col("offcpu_ns") / np.maximum(length, 1.0), 0.0, 1.0)
-        events = col("events")
-        share = np.where(events > 0, col("preempted_events") / np.maximum(events, 1.0), 0.0)
-        weights[window, 0] = off[window]
-        weights[window, 1] = (off * share)[window]
-        weights[window, 2] = 1.0
-    return weights
-
-
 class Baselines:
     """Running median of the last `window` step durations per (run, stage, batch)."""
 
@@ -214,7 +186,9 @@ class StallDetector:
         # pro-rated by its counters.
         self.offcpu = _Intervals()
         self.sub = fanout.subscribe(
-            Filter(kinds=(pb.SPAN, pb.GC_PASS, pb.OFF_CPU)), max_queue_events, name="stall-detector"
+            Filter(kinds=(event_kinds.SPAN, event_kinds.GC_PASS, event_kinds.OFF_CPU)),
+            max_queue_events,
+            name="stall-detector",
         )
         self.alerts_sent = 0
         self.steps_seen = 0
@@ -254,21 +228,21 @@ class StallDetector:
         """Feed (kind, pa.Table) items; publishes and returns the alerts table."""
         spans = []
         for kind, batch in items:
-            if kind == pb.GC_PASS:
+            if kind == event_kinds.GC_PASS:
                 self.gc.add(
                     batch["run_id"].to_numpy(zero_copy_only=False),
                     batch["start_ns"].to_numpy(zero_copy_only=False),
                     batch["end_ns"].to_numpy(zero_copy_only=False),
                     batch["generation"].to_numpy(zero_copy_only=False),
                 )
-            elif kind == pb.OFF_CPU:
+            elif kind == event_kinds.OFF_CPU:
                 self.offcpu.add(
                     batch["tid"].to_numpy(zero_copy_only=False),
                     batch["start_ns"].to_numpy(zero_copy_only=False),
                     batch["end_ns"].to_numpy(zero_copy_only=False),
                     offcpu_weights(batch),
                 )
-            elif kind == pb.SPAN:
+            elif kind == event_kinds.SPAN:
                 spans.append(batch)
         rows = self._release_pending(time.monotonic())
         latest_ns = 0
@@ -289,7 +263,7 @@ class StallDetector:
         return table
 
     def _check_steps(self, steps):
-        runs = self.fanout.runs_for([(pb.SPAN, steps)])
+        runs = self.fanout.runs_for([(event_kinds.SPAN, steps)])
         marked = (
             steps["idle"].to_pylist() if "idle" in steps.column_names else [False] * steps.num_rows
         )

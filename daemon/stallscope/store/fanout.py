@@ -21,26 +21,8 @@ from collections import deque
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from stallscope.api.v1 import stallscope_pb2 as pb
-
-# Store table -> event kind. Tables not listed here are not streamed.
-TABLE_KINDS = {
-    "spans": pb.SPAN,
-    "gc_events": pb.GC_PASS,
-    "offcpu": pb.OFF_CPU,
-    "runq": pb.RUN_QUEUE,
-    "migrations": pb.MIGRATION,
-    "nvml_samples": pb.GPU_SAMPLE,
-    "stall_alerts": pb.STALL_ALERT,
-}
-ALL_KINDS = frozenset(TABLE_KINDS.values())
-# Interval events: min_duration_ns applies to them (point events pass).
-INTERVAL_KINDS = frozenset({pb.SPAN, pb.GC_PASS, pb.OFF_CPU, pb.RUN_QUEUE, pb.STALL_ALERT})
-# Events that carry a run_id (the others carry a pid).
-RUN_KINDS = frozenset({pb.SPAN, pb.GC_PASS, pb.STALL_ALERT})
-
-# Columns that give an event's time range, per kind (point events: ts_ns).
-_POINT_KINDS = frozenset({pb.MIGRATION, pb.GPU_SAMPLE})
+from stallscope.vocab import event_kinds
+from stallscope.vocab.event_kinds import ALL_KINDS, INTERVAL_KINDS, RUN_KINDS, TABLE_KINDS
 
 DEFAULT_QUEUE_EVENTS = 50_000
 MAX_QUEUE_EVENTS = 1_000_000
@@ -63,7 +45,7 @@ class Filter:
         def both(m):
             return m if mask is None else pc.and_(mask, m)
 
-        if kind == pb.SPAN and self.span_kinds:
+        if kind == event_kinds.SPAN and self.span_kinds:
             mask = both(pc.is_in(batch["kind"], value_set=pa.array(self.span_kinds)))
         if self.min_duration_ns and kind in INTERVAL_KINDS:
             dur = pc.subtract(batch["end_ns"], batch["start_ns"])
@@ -76,7 +58,7 @@ class Filter:
                         value_set=pa.array(sorted(self.run_ids), pa.int64()),
                     )
                 )
-            elif kind != pb.GPU_SAMPLE:
+            elif kind != event_kinds.GPU_SAMPLE:
                 pids = sorted({runs.get(r) for r in self.run_ids} - {None})
                 mask = both(
                     pc.is_in(batch["pid"].cast(pa.int64()), value_set=pa.array(pids, pa.int64()))
@@ -89,7 +71,7 @@ class Filter:
                         batch["run_id"].cast(pa.int64()), value_set=pa.array(run_ids, pa.int64())
                     )
                 )
-            elif kind != pb.GPU_SAMPLE:
+            elif kind != event_kinds.GPU_SAMPLE:
                 mask = both(
                     pc.is_in(
                         batch["pid"].cast(pa.int64()),
@@ -129,7 +111,7 @@ class DropMark:
 
 def time_range(kind, batch):
     """(earliest start, latest end) of a batch's events, ns; None when unknown."""
-    if kind in _POINT_KINDS:
+    if kind in event_kinds.POINT_KINDS:
         start, end = "ts_ns", "ts_ns"
     else:
         start, end = "start_ns", "end_ns"

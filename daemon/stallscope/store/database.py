@@ -29,8 +29,9 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from stallscope.service.migrations import apply_schema
-from stallscope.service.store_recovery import LOSS_SQL, Recovery, transient
+from stallscope.store.migrations import apply_schema
+from stallscope.store.recovery import LOSS_SQL, Recovery, transient
+from stallscope.vocab.schema import STORED_NS_VARIABLE
 
 log = logging.getLogger("stallscope.store")
 
@@ -47,11 +48,6 @@ SANDBOX_CONFIG = {
     "allow_community_extensions": False,
 }
 
-# Every row a flush writes (or changes) carries this flush's `stored_ns`
-# (schema/080_export.sql): the column's default reads the session variable,
-# which `flush` sets on its cursor. An UPDATE sets it again with STORED_NS_SQL.
-STORED_NS_VARIABLE = "stallscope_stored_ns"
-STORED_NS_SQL = f"getvariable('{STORED_NS_VARIABLE}')"
 # Tables that carry stored_ns; `stallscope export parquet` sends these.
 STORED_TABLES = (
     "runs",

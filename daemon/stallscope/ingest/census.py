@@ -13,7 +13,7 @@ import json
 from collections import Counter
 
 from probe_client import wire
-from stallscope.service.ingest_runs import _int
+from stallscope.ingest.runs import _int
 
 # A client sends one at connect or warm-up and one at close (a few more
 # with repeated mark("warm")); more than this from one run is refused.
