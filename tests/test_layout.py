@@ -277,3 +277,26 @@ def test_losses_and_probe_status_have_one_writer():
             ):
                 writers.append(f"{name}:{node.lineno}")
     assert writers and all(w.split(":")[0] in owners for w in writers), writers
+
+
+def test_loggers_are_named_by_module_or_by_a_documented_channel():
+    """Every logger is `__name__` or `log_channel(__name__)`; each channel
+    module exists and docs/systemd.md lists each channel."""
+    from stallscope.vocab.log_channels import CHANNELS
+
+    modules = _modules()
+    hand_named = []
+    for name, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and ast.unparse(node.func) == "logging.getLogger":
+                arg = ast.unparse(node.args[0]) if node.args else ""
+                if arg not in ("__name__", "log_channel(__name__)"):
+                    hand_named.append(f"{name}: getLogger({arg})")
+                if arg == "log_channel(__name__)" and name not in CHANNELS:
+                    hand_named.append(f"{name}: asks for a channel it has none of")
+    assert hand_named == []
+    assert set(CHANNELS) <= set(modules), set(CHANNELS) - set(modules)
+    doc = (REPO / "docs" / "systemd.md").read_text().split("## Log channels", 1)[1]
+    doc = doc.split("\n## ", 1)[0]
+    listed = set(re.findall(r"^\| `(stallscope[a-z_.]*)` \|", doc, re.M))
+    assert set(CHANNELS.values()) == listed

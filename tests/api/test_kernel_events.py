@@ -161,6 +161,26 @@ def test_kernel_and_gpu_batches_become_events_and_filters_hold(served):
     assert rows == [(3,)]
 
 
+def test_a_batch_missing_a_column_streams_on_and_is_counted(served):
+    """A producer that disagrees with the schema (no `to_cpu` in a migrations
+    batch) does not stop the stream nor pass as zeros unnoticed: the events
+    go out with unknown values and GetStatus counts the column."""
+    store, client, api = served
+    stream = client.events(kinds=[pb.MIGRATION])
+    assert wait_for(lambda: client.status().subscribers == 1)
+    store.append(
+        "migrations",
+        {"pid": [4100], "tid": [4101], "ts_ns": [7], "from_cpu": [1]},
+    )
+    store.append(
+        "migrations",
+        {"pid": [4100], "tid": [4101], "ts_ns": [9], "from_cpu": [0], "to_cpu": [1]},
+    )
+    ev = collect(stream, lambda g: len(g) >= 2)
+    assert [(e.migration.ts_ns, e.migration.to_cpu) for e in ev] == [(7, -1), (9, 1)]
+    assert dict(client.status().stream_missing_columns) == {"MIGRATION.to_cpu": 1}
+
+
 def test_query_refuses_to_run_on_an_unsandboxed_database(tmp_path):
     import grpc
 

@@ -1,7 +1,7 @@
 """Acceptance (raw tables): kernel causes injected into a real traced engine are named.
 
 A real daemon with every kernel probe attached for its life (`--deep`) traces
-`kernel_engine.py`, which makes every Nth step slow by a syscall burst, a
+`helpers/cause_engine.py --profile kernel`, which makes every Nth step slow by a syscall burst, a
 first-touch page-fault burst, a GIL-holding sibling thread, or a preemption
 by a named SCHED_FIFO process. Each injected step must be found in the raw
 tables (syscalls, page_faults, offcpu's waker and preemptor columns) with the
@@ -23,6 +23,7 @@ from stallscope.probes.bpf_common import bcc_unavailable
 pytestmark = [pytest.mark.daemon, pytest.mark.privileged]
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+CAUSE_ENGINE = os.path.join(os.path.dirname(HERE), "helpers", "cause_engine.py")
 STEPS, EVERY = 900, 10  # about 20 injections of each cause
 
 
@@ -35,8 +36,8 @@ def traced(tmp_path_factory):
     log = tmp_path / "injected.jsonl"
     try:
         subprocess.run(
-            [sys.executable, os.path.join(HERE, "kernel_engine.py"), daemon.socket, str(log),
-             str(STEPS), str(EVERY)],
+            [sys.executable, CAUSE_ENGINE, daemon.socket, str(log),
+             str(STEPS), str(EVERY), "--profile", "kernel"],
             check=True, timeout=240,
         )  # fmt: skip
     finally:

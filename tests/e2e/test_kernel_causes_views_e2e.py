@@ -1,7 +1,7 @@
 """Acceptance (views): step_attribution names injected kernel causes, and who.
 
 A real daemon with every kernel probe attached for its life (`--deep`)
-traces `cause_engine.py`, whose steps all do the same fixed work and every
+traces `helpers/cause_engine.py`, whose steps all do the same fixed work and every
 Nth of which is slowed by one kernel cause only: a syscall burst, a
 first-touch page-fault burst, a GIL-holding sibling thread, or a SCHED_FIFO
 process. Each must come back as the step's `cause` (`syscall`,
@@ -29,6 +29,7 @@ from stallscope.probes.bpf_common import bcc_unavailable
 pytestmark = [pytest.mark.daemon, pytest.mark.privileged]
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+CAUSE_ENGINE = os.path.join(os.path.dirname(HERE), "helpers", "cause_engine.py")
 STEPS, EVERY = 1400, 10  # about 34 injections of each cause
 CAUSES = {"syscalls": "syscall", "faults": "page_fault", "gil": "lock", "preempt": "preemption"}
 # A GIL wait is recognised by its waker (the holder, a sibling thread) or,
@@ -52,7 +53,7 @@ def attributed(tmp_path_factory):
     log = tmp_path / "injected.jsonl"
     try:
         subprocess.run(
-            [sys.executable, os.path.join(HERE, "cause_engine.py"), daemon.socket, str(log),
+            [sys.executable, CAUSE_ENGINE, daemon.socket, str(log),
              str(STEPS), str(EVERY)],
             check=True, timeout=240,
         )  # fmt: skip

@@ -1,7 +1,7 @@
 """Acceptance: the daemon's step_components give the recomputing views' rows.
 
 A real daemon with every kernel probe (`--deep`) traces two real engines at
-once while it fills step_components as steps settle: `cause_engine.py`
+once while it fills step_components as steps settle: `helpers/cause_engine.py`
 (GIL waits with lock chains, preemption by a FIFO process, syscall and
 page-fault bursts) and the scenario engine (GC passes over a large heap,
 submit calls, blocking sleeps). After it stops, the database is opened
@@ -25,6 +25,7 @@ from stallscope.probes.bpf_common import bcc_unavailable
 pytestmark = [pytest.mark.daemon, pytest.mark.privileged]
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+CAUSE_ENGINE = os.path.join(os.path.dirname(HERE), "helpers", "cause_engine.py")
 VIEWS = {
     "step_attribution": "run_id, tid, step_idx",
     "step_sched": "run_id, tid, step_idx",
@@ -50,7 +51,7 @@ def traced_db(tmp_path_factory):
             env=dict(os.environ, OPENBLAS_NUM_THREADS="1"),
         )  # fmt: skip
         subprocess.run(
-            [sys.executable, os.path.join(HERE, "cause_engine.py"), daemon.socket,
+            [sys.executable, CAUSE_ENGINE, daemon.socket,
              str(tmp_path / "injected.jsonl"), "3000", "10"],
             check=True, timeout=240,
         )  # fmt: skip

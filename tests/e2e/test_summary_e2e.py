@@ -3,7 +3,7 @@
 The views read the kernel rows of step threads only: a step thread's
 preemptor and waker are named from its own switch-out and wake-up (their
 tgid from the kernel's thread map, which keeps summarised threads), not
-from the sibling's rows. So `cause_engine.py` is traced with every thread
+from the sibling's rows. So `helpers/cause_engine.py` is traced with every thread
 exact (`--sched-detail`, every kernel probe on), step_attribution is read,
 then every offcpu, runq and migrations row of the threads that never emitted
 a span (the GIL-holding sibling, the probe's own thread) is deleted, as
@@ -28,6 +28,7 @@ from stallscope.probes.bpf_common import bcc_unavailable
 pytestmark = [pytest.mark.daemon, pytest.mark.privileged]
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+CAUSE_ENGINE = os.path.join(os.path.dirname(HERE), "helpers", "cause_engine.py")
 STEPS, EVERY = 400, 10  # about 10 injections of each cause
 
 ATTRIBUTION = "SELECT * FROM step_attribution ORDER BY run_id, tid, step_idx"
@@ -47,7 +48,7 @@ def detailed(tmp_path_factory):
     log = tmp_path / "injected.jsonl"
     try:
         subprocess.run(
-            [sys.executable, os.path.join(HERE, "cause_engine.py"), daemon.socket, str(log),
+            [sys.executable, CAUSE_ENGINE, daemon.socket, str(log),
              str(STEPS), str(EVERY)],
             check=True, timeout=240,
         )  # fmt: skip

@@ -138,3 +138,29 @@ def test_daemon_opens_an_old_database_and_adds_new_runs(tmp_path):
         )
     finally:
         con.close()
+
+
+def test_stored_tables_are_the_tables_with_a_stored_ns_column(tmp_path):
+    """STORED_TABLES is read from the schema files: it equals what a fresh
+    database has, and a new table with the column joins it."""
+    from helpers.schema_db import fresh_db
+    from stallscope.store.database import STORED_TABLES
+
+    con = fresh_db()
+    having = {
+        r[0]
+        for r in con.execute(
+            "SELECT table_name FROM information_schema.columns WHERE column_name = 'stored_ns'"
+        ).fetchall()
+    }
+    assert set(STORED_TABLES) == having and len(STORED_TABLES) == len(having) >= 20
+    assert STORED_TABLES[0] == "runs"
+    (tmp_path / "010_a.sql").write_text(
+        "CREATE TABLE IF NOT EXISTS widgets (\n    id BIGINT,\n    stored_ns BIGINT\n);\n"
+        "CREATE TABLE IF NOT EXISTS plain (\n    id BIGINT\n);\n"
+    )
+    (tmp_path / "020_b.sql").write_text(
+        "-- ALTER TABLE commented ADD COLUMN stored_ns BIGINT;\n"
+        "ALTER TABLE plain ADD COLUMN IF NOT EXISTS stored_ns BIGINT DEFAULT 1;\n"
+    )
+    assert migrations.stored_tables(tmp_path) == ("widgets", "plain")

@@ -251,7 +251,7 @@ class ApiSource:
         except ApiError as exc:
             raise AccessError(str(exc)) from None
         if truncated and limit >= UNLIMITED_ROWS:
-            logging.getLogger("stallscope.api.client").warning(
+            logging.getLogger(__name__).warning(
                 "the daemon cut this result at %d rows", table.num_rows
             )
         return _Cursor(table, columns)

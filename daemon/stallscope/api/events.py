@@ -4,34 +4,78 @@ Runs on a subscriber's stream thread, never on a producer's. Columns are
 read whole (`to_pylist` per column) and zipped, so the cost is one protobuf
 message per event and no per-cell Arrow access. NULLs become the field's
 documented "unknown" value (0, "" or -1, as the proto says).
+
+A column may be absent from a batch only where `OPTIONAL` says so (the
+exact scheduling probes send no window counters, the USDT GC probe no
+`uncollectable`); any other missing column is a producer and the schema
+disagreeing (a renamed column would otherwise stream zeros). Then
+`to_events` raises `MissingColumns`, or, given `on_missing` (the daemon's
+stream), reports the columns to it and fills the documented unknowns.
 """
 
 from stallscope.api.v1 import stallscope_pb2 as pb
 
+# Columns a batch of each kind may lack by design (the producer does not
+# have them); every other column a converter reads must be there.
+OPTIONAL = {
+    pb.SPAN: frozenset(),
+    pb.GC_PASS: frozenset({"uncollectable", "seq"}),  # the USDT probe has neither
+    # exact rows (bcc, perf) have no window counters; /proc rows no preempted flag
+    pb.OFF_CPU: frozenset({"resolution_ns", "offcpu_ns", "events", "preempted_events"}),
+    pb.RUN_QUEUE: frozenset({"resolution_ns", "wait_ns", "events"}),
+    pb.MIGRATION: frozenset({"resolution_ns", "events"}),
+    pb.GPU_SAMPLE: frozenset({"source"}),
+    pb.STALL_ALERT: frozenset(),
+}
 
-def _col(batch, name, default=None, n=None):
-    if name in batch.column_names:
-        return batch[name].to_pylist()
-    return [default] * (n if n is not None else batch.num_rows)
+
+class MissingColumns(ValueError):
+    """A batch lacks columns its kind must have (`kind`, `columns`)."""
+
+    def __init__(self, kind, columns):
+        super().__init__(
+            f"{pb.EventKind.Name(kind)} batch lacks column(s) {', '.join(columns)}: "
+            "the producer and the schema disagree"
+        )
+        self.kind = kind
+        self.columns = tuple(columns)
+
+
+class _Columns:
+    """Reads whole columns of one batch; a missing column is optional, reported
+    (`on_missing`) or raised."""
+
+    def __init__(self, kind, batch, on_missing):
+        self.kind, self.batch, self.on_missing = kind, batch, on_missing
+        self.missing = []
+
+    def __call__(self, name, default=None):
+        batch = self.batch
+        if name in batch.column_names:
+            return batch[name].to_pylist()
+        if name not in OPTIONAL[self.kind]:
+            if self.on_missing is None:
+                raise MissingColumns(self.kind, [name])
+            self.missing.append(name)
+        return [default] * batch.num_rows
 
 
 def _nz(v, default=0):
     return default if v is None else v
 
 
-def spans(batch, runs):
-    n = batch.num_rows
+def spans(col, runs):
     out = []
     for run_id, tid, kind, stage, size, s, e, depth, seq in zip(
-        _col(batch, "run_id"),
-        _col(batch, "tid"),
-        _col(batch, "kind"),
-        _col(batch, "stage"),
-        _col(batch, "batch"),
-        _col(batch, "start_ns"),
-        _col(batch, "end_ns"),
-        _col(batch, "depth", 0, n),
-        _col(batch, "seq", 0, n),
+        col("run_id"),
+        col("tid"),
+        col("kind"),
+        col("stage"),
+        col("batch"),
+        col("start_ns"),
+        col("end_ns"),
+        col("depth", 0),
+        col("seq", 0),
         strict=True,
     ):
         out.append(
@@ -54,16 +98,16 @@ def spans(batch, runs):
     return out
 
 
-def gc_passes(batch, runs):
+def gc_passes(col, runs):
     out = []
-    for run_id, tid, gen, s, e, col, unc in zip(
-        _col(batch, "run_id"),
-        _col(batch, "tid"),
-        _col(batch, "generation"),
-        _col(batch, "start_ns"),
-        _col(batch, "end_ns"),
-        _col(batch, "collected"),
-        _col(batch, "uncollectable"),
+    for run_id, tid, gen, s, e, collected, unc in zip(
+        col("run_id"),
+        col("tid"),
+        col("generation"),
+        col("start_ns"),
+        col("end_ns"),
+        col("collected"),
+        col("uncollectable"),
         strict=True,
     ):
         out.append(
@@ -76,7 +120,7 @@ def gc_passes(batch, runs):
                     start_ns=_nz(s),
                     end_ns=_nz(e),
                     duration_ns=_nz(e) - _nz(s),
-                    collected=_nz(col),
+                    collected=_nz(collected),
                     uncollectable=_nz(unc),
                 )
             )
@@ -84,19 +128,19 @@ def gc_passes(batch, runs):
     return out
 
 
-def off_cpu(batch, runs):
+def off_cpu(col, runs):
     out = []
     for pid, tid, s, e, pre, cpu, res, off_ns, n, n_pre in zip(
-        _col(batch, "pid"),
-        _col(batch, "tid"),
-        _col(batch, "start_ns"),
-        _col(batch, "end_ns"),
-        _col(batch, "preempted"),
-        _col(batch, "cpu"),
-        _col(batch, "resolution_ns"),
-        _col(batch, "offcpu_ns"),
-        _col(batch, "events"),
-        _col(batch, "preempted_events"),
+        col("pid"),
+        col("tid"),
+        col("start_ns"),
+        col("end_ns"),
+        col("preempted"),
+        col("cpu"),
+        col("resolution_ns"),
+        col("offcpu_ns"),
+        col("events"),
+        col("preempted_events"),
         strict=True,
     ):
         out.append(
@@ -119,17 +163,17 @@ def off_cpu(batch, runs):
     return out
 
 
-def run_queue(batch, runs):
+def run_queue(col, runs):
     out = []
     for pid, tid, s, e, cpu, res, wait_ns, n in zip(
-        _col(batch, "pid"),
-        _col(batch, "tid"),
-        _col(batch, "start_ns"),
-        _col(batch, "end_ns"),
-        _col(batch, "cpu"),
-        _col(batch, "resolution_ns"),
-        _col(batch, "wait_ns"),
-        _col(batch, "events"),
+        col("pid"),
+        col("tid"),
+        col("start_ns"),
+        col("end_ns"),
+        col("cpu"),
+        col("resolution_ns"),
+        col("wait_ns"),
+        col("events"),
         strict=True,
     ):
         out.append(
@@ -150,16 +194,16 @@ def run_queue(batch, runs):
     return out
 
 
-def migrations(batch, runs):
+def migrations(col, runs):
     out = []
     for pid, tid, ts, a, b, res, n in zip(
-        _col(batch, "pid"),
-        _col(batch, "tid"),
-        _col(batch, "ts_ns"),
-        _col(batch, "from_cpu"),
-        _col(batch, "to_cpu"),
-        _col(batch, "resolution_ns"),
-        _col(batch, "events"),
+        col("pid"),
+        col("tid"),
+        col("ts_ns"),
+        col("from_cpu"),
+        col("to_cpu"),
+        col("resolution_ns"),
+        col("events"),
         strict=True,
     ):
         out.append(
@@ -178,18 +222,18 @@ def migrations(batch, runs):
     return out
 
 
-def gpu_samples(batch, runs):
+def gpu_samples(col, runs):
     out = []
     for gpu, ts, sm, mem, power, temp, util, reasons, source in zip(
-        _col(batch, "gpu"),
-        _col(batch, "ts_ns"),
-        _col(batch, "sm_clock_mhz"),
-        _col(batch, "mem_clock_mhz"),
-        _col(batch, "power_mw"),
-        _col(batch, "temp_c"),
-        _col(batch, "util_pct"),
-        _col(batch, "clock_event_reasons"),
-        _col(batch, "source"),
+        col("gpu"),
+        col("ts_ns"),
+        col("sm_clock_mhz"),
+        col("mem_clock_mhz"),
+        col("power_mw"),
+        col("temp_c"),
+        col("util_pct"),
+        col("clock_event_reasons"),
+        col("source"),
         strict=True,
     ):
         out.append(
@@ -210,8 +254,13 @@ def gpu_samples(batch, runs):
     return out
 
 
-def stall_alerts(batch, runs):
-    return [pb.Event(stall_alert=pb.StallAlert(**row)) for row in batch.to_pylist()]
+def stall_alerts(col, runs):
+    fields = [f.name for f in pb.StallAlert.DESCRIPTOR.fields]
+    present = [f for f in fields if f in col.batch.column_names]
+    for name in sorted(set(fields) - set(present)):
+        col(name)  # raises or reports: alerts carry every field
+    rows = col.batch.select(present).to_pylist()
+    return [pb.Event(stall_alert=pb.StallAlert(**row)) for row in rows]
 
 
 CONVERTERS = {
@@ -225,5 +274,11 @@ CONVERTERS = {
 }
 
 
-def to_events(kind, batch, runs):
-    return CONVERTERS[kind](batch, runs)
+def to_events(kind, batch, runs, on_missing=None):
+    """Events of one batch of `kind`; `on_missing(kind, columns)` instead of
+    MissingColumns for columns the kind must have (then: unknown values)."""
+    col = _Columns(kind, batch, on_missing)
+    out = CONVERTERS[kind](col, runs)
+    if col.missing:
+        on_missing(kind, tuple(dict.fromkeys(col.missing)))
+    return out

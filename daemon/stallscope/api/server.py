@@ -33,8 +33,9 @@ from stallscope.api.v1 import stallscope_pb2_grpc as pb_grpc
 from stallscope.api.values import from_value
 from stallscope.errors import ApiConfigError, ExportBusy, NotSandboxed, QueryError, StallscopeError
 from stallscope.store.fanout import DropMark, Filter
+from stallscope.vocab.log_channels import log_channel
 
-log = logging.getLogger("stallscope.api")
+log = logging.getLogger(log_channel(__name__))
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Stallscope"].full_name
 MAX_SUBSCRIBERS = 16
@@ -81,6 +82,21 @@ class StallscopeServicer(pb_grpc.StallscopeServicer):
         self._queries = threading.BoundedSemaphore(MAX_CONCURRENT_QUERIES)
         self.started_ns = getattr(daemon, "started_ns", time.monotonic_ns())
         self.shutting_down = False  # set by ApiServer.stop: streams end UNAVAILABLE
+        self.missing_columns = {}  # "KIND.column" -> batches streamed without it
+
+    def _missing_columns(self, kind, columns):
+        """A batch lacked columns its kind must have: the stream goes on with
+        unknown values; counted in GetStatus, logged once per column."""
+        for column in columns:
+            key = f"{pb.EventKind.Name(kind)}.{column}"
+            if key not in self.missing_columns:
+                log.error(
+                    "streamed %s events without their %r column (sent as unknown): the "
+                    "producer and the schema disagree; counted in status",
+                    pb.EventKind.Name(kind),
+                    column,
+                )
+            self.missing_columns[key] = self.missing_columns.get(key, 0) + 1
 
     # ----- StreamEvents -------------------------------------------------------------
     def StreamEvents(self, request, context):
@@ -117,7 +133,9 @@ class StallscopeServicer(pb_grpc.StallscopeServicer):
                     kind, batch = item
                     chosen = flt.apply(kind, batch, runs)
                     if chosen.num_rows:
-                        out.extend(events.to_events(kind, chosen, runs))
+                        out.extend(
+                            events.to_events(kind, chosen, runs, on_missing=self._missing_columns)
+                        )
                 for i in range(0, len(out), MAX_EVENTS_PER_MESSAGE):
                     part = out[i : i + MAX_EVENTS_PER_MESSAGE]
                     for ev in part:
@@ -266,6 +284,7 @@ class StallscopeServicer(pb_grpc.StallscopeServicer):
         st.rows_written = store.rows_written
         st.rows_lost = store.rows_lost
         st.pending_rows = store.pending_rows
+        st.stream_missing_columns.update(self.missing_columns)
         st.subscribers = len(_streams(self.fanout))
         internal = [s for s in self.fanout.subscribers if s.name in INTERNAL_SUBSCRIBERS]
         st.stream_events_dropped = self.fanout.dropped_total() - sum(

@@ -13,8 +13,9 @@ import os
 
 from stallscope.cli.command import Command
 from stallscope.service import config
+from stallscope.vocab.log_channels import log_channel
 
-log = logging.getLogger("stallscope.daemon")
+log = logging.getLogger(log_channel(__name__))
 
 
 def _int_list(text):

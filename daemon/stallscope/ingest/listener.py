@@ -26,8 +26,9 @@ from stallscope.ingest.ratelog import RateLimitedLog
 from stallscope.ingest.records import RecordDecoder
 from stallscope.ingest.runs import RunRegistry
 from stallscope.ingest.sockets import bind_listening, prepare_path
+from stallscope.vocab.log_channels import log_channel
 
-log = logging.getLogger("stallscope.ingest")
+log = logging.getLogger(log_channel(__name__))
 
 _PEERCRED = struct.Struct("3i")
 _INT64_MAX = (1 << 63) - 1

@@ -18,9 +18,10 @@ import pyarrow as pa
 
 from probe_client import wire
 from stallscope.ingest.records import RunState
+from stallscope.vocab.log_channels import log_channel
 from stallscope.vocab.schema import STORED_NS_SQL
 
-log = logging.getLogger("stallscope.ingest")
+log = logging.getLogger(log_channel(__name__))
 
 # A client reports its set-up in a few events (one per attach spec); more
 # than this from one run is refused (`too_many_events`), so none can flood.

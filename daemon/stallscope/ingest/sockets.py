@@ -12,7 +12,9 @@ import logging
 import os
 import socket
 
-log = logging.getLogger("stallscope.daemon")
+from stallscope.vocab.log_channels import log_channel
+
+log = logging.getLogger(log_channel(__name__))
 
 
 def bind_listening(sock, path, backlog, mode, group=None):

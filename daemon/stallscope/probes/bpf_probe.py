@@ -20,8 +20,9 @@ import time
 
 from stallscope.probes import bpf_common
 from stallscope.probes.base import Probe
+from stallscope.vocab.log_channels import log_channel
 
-log = logging.getLogger("stallscope.probes.bpf")
+log = logging.getLogger(log_channel(__name__))
 
 SYS_BPF = 321  # x86-64
 BPF_MAP_LOOKUP_AND_DELETE_ELEM = 21

@@ -18,8 +18,9 @@
 #define MAX_TIDS 16384
 #endif
 
-// -- the pieces every kernel-cause program has (bcc rewrites map calls only
-// in the main file, so they cannot live in kcause_common.h) --
+// >>> shared preamble: the pieces every kernel-cause program has, byte for
+// byte (bcc rewrites map calls only in the main file, so they cannot live in
+// kcause_common.h; tests/probes/test_bcc_shared.py checks the copies agree)
 BPF_HASH(tracked, u32, u8, MAX_TGIDS);        // tgids to follow (user space)
 BPF_RINGBUF_OUTPUT(events, RINGBUF_PAGES);
 BPF_F_TABLE("array", u32, struct counters, counters, 1, BPF_F_MMAPABLE);
@@ -59,6 +60,7 @@ static __always_inline void emit(struct record *r)
     // The reader polls on a timer and drains in batches: no wakeup per record.
     events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
 }
+// <<< shared preamble
 
 // -- end of the shared pieces --
 

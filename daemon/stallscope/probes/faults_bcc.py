@@ -23,7 +23,7 @@ import numpy as np
 
 from stallscope.probes.bpf_probe import BccTracepointProbe
 
-log = logging.getLogger("stallscope.probes.faults_bcc")
+log = logging.getLogger(__name__)
 
 CALIB_PAGES = 1024
 CALIB_ROUNDS = 5

@@ -34,7 +34,7 @@ import time
 
 from stallscope.probes.base import Probe
 
-log = logging.getLogger("stallscope.probes.gc_usdt")
+log = logging.getLogger(__name__)
 
 CAP_SYS_PTRACE = 19
 CAP_PERFMON = 38

@@ -26,8 +26,9 @@ from stallscope.errors import ProbeError
 from stallscope.probes.base import Probe, ProbeSettings
 from stallscope.probes.gpu_buffers import DriverBuffers, GpuLost, raiser
 from stallscope.probes.nvml_bindings import init_problem, load_bindings, sample_value
+from stallscope.vocab.log_channels import log_channel
 
-log = logging.getLogger("stallscope.probes.gpu")
+log = logging.getLogger(log_channel(__name__))
 
 MAX_POLL_HZ = 50.0  # see docs/gpu-probe.md "cost"; faster is refused
 

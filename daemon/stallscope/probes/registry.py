@@ -3,7 +3,9 @@
 import importlib
 import logging
 
-log = logging.getLogger("stallscope.probes")
+from stallscope.vocab.log_channels import log_channel
+
+log = logging.getLogger(log_channel(__name__))
 
 # probe name -> backends, best first, as "module:Class" so that a backend
 # whose module cannot even be imported (no bcc, no pynvml) is simply skipped

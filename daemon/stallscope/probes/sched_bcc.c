@@ -100,8 +100,7 @@ static __always_inline void emit(struct record *r)
         return;
     }
     __builtin_memcpy(e, r, sizeof(*r));
-    // The reader polls on a timer and drains in batches; waking it per
-    // record would add a context switch per event to the host.
+    // The reader polls on a timer and drains in batches: no wakeup per record.
     events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
 }
 

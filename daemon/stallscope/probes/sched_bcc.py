@@ -27,7 +27,7 @@ from stallscope.probes.base import Probe
 from stallscope.probes.sched_resolve import TgidResolver, who_columns
 from stallscope.probes.sched_summary import ThreadSummaries
 
-log = logging.getLogger("stallscope.probes.sched_bcc")
+log = logging.getLogger(__name__)
 
 TRACEFS = bpf_common.TRACEFS
 TRACEPOINTS = (

@@ -55,7 +55,7 @@ from stallscope.probes.perf_events import (
     tracepoints_deliver,
 )
 
-log = logging.getLogger("stallscope.probes.sched_perf")
+log = logging.getLogger(__name__)
 
 RING_DATA_PAGES = 256  # per CPU, a power of two: 1 MiB
 HOLDBACK_NS = 2_000_000  # records newer than this may still be in flight on another CPU

@@ -28,7 +28,7 @@ except ImportError:  # pragma: no cover
 
 from stallscope.probes.base import Probe
 
-log = logging.getLogger("stallscope.probes.sched_proc")
+log = logging.getLogger(__name__)
 
 FILES = ("schedstat", "status", "sched", "stat")
 

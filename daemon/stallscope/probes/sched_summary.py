@@ -28,7 +28,7 @@ import numpy as np
 
 from stallscope.probes import bpf_common
 
-log = logging.getLogger("stallscope.probes.sched_summary")
+log = logging.getLogger(__name__)
 
 FIELDS = (
     "tid", "oncpu_ns", "offcpu_ns", "preempted_ns", "runq_ns", "switches",

@@ -20,7 +20,7 @@ import numpy as np
 
 from stallscope.probes.base import Probe
 
-log = logging.getLogger("stallscope.probes.steal_proc")
+log = logging.getLogger(__name__)
 
 STEAL_FIELD = 8  # cpuN user nice system idle iowait irq softirq steal ...
 # The longest wait between reads while nothing is stolen: 4 default periods,

@@ -19,7 +19,7 @@ import pyarrow as pa
 
 from stallscope.probes.bpf_probe import BccTracepointProbe
 
-log = logging.getLogger("stallscope.probes.syscalls_bcc")
+log = logging.getLogger(__name__)
 
 
 def syscall_names():

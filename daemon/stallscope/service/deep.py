@@ -13,7 +13,9 @@ import logging
 import threading
 import time
 
-log = logging.getLogger("stallscope.deep")
+from stallscope.vocab.log_channels import log_channel
+
+log = logging.getLogger(log_channel(__name__))
 
 EXPENSIVE = ("syscalls",)  # probes attached only in deep mode or a window
 MAX_WINDOW_S = 3600.0

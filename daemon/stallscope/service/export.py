@@ -17,8 +17,9 @@ import socket
 import threading
 
 from stallscope.errors import ExportBusy
+from stallscope.vocab.log_channels import log_channel
 
-log = logging.getLogger("stallscope.export")
+log = logging.getLogger(log_channel(__name__))
 
 
 class DaemonExports:

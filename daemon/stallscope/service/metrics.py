@@ -26,8 +26,9 @@ from prometheus_client.core import (
 
 from stallscope.service import metrics_scrape as scrape
 from stallscope.service.metrics_scrape import GPU_FIELDS, counter
+from stallscope.vocab.log_channels import log_channel
 
-log = logging.getLogger("stallscope.metrics")
+log = logging.getLogger(log_channel(__name__))
 
 # Upper bounds, seconds (Prometheus `le`): engine steps run from ~100 us
 # (tiny models) to seconds (long prefills); the seed's stalls sat at 3-100 ms.

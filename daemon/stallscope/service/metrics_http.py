@@ -18,8 +18,9 @@ from prometheus_client import CollectorRegistry, start_http_server
 from stallscope.errors import ConfigError
 from stallscope.service.config import parse_listen
 from stallscope.service.metrics import Metrics
+from stallscope.vocab.log_channels import log_channel
 
-log = logging.getLogger("stallscope.metrics")
+log = logging.getLogger(log_channel(__name__))
 
 
 class _AlertFollower:

@@ -14,8 +14,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from stallscope.service import selfstats
 from stallscope.vocab.gpu_reasons import CLOCK_EVENT_REASONS
+from stallscope.vocab.log_channels import log_channel
 
-log = logging.getLogger("stallscope.metrics")
+log = logging.getLogger(log_channel(__name__))
 
 # NVML fields exported under DCGM exporter's names (same meaning, same unit
 # once converted): (column, DCGM name, help, scale).

@@ -17,7 +17,9 @@ import os
 import threading
 import time
 
-log = logging.getLogger("stallscope.selfstats")
+from stallscope.vocab.log_channels import log_channel
+
+log = logging.getLogger(log_channel(__name__))
 
 INTERVAL_S = 10.0
 _PAGE = os.sysconf("SC_PAGE_SIZE")

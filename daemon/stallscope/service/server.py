@@ -35,8 +35,9 @@ from stallscope.store.coverage import Coverage
 from stallscope.store.database import DB_UMASK, Store
 from stallscope.store.retention import Retention
 from stallscope.store.step_fill import StepFiller
+from stallscope.vocab.log_channels import log_channel
 
-log = logging.getLogger("stallscope.daemon")
+log = logging.getLogger(log_channel(__name__))
 
 # Without live subscribers nothing waits for a decode but the database, which
 # the writer flushes every 0.5 s (and a reader's cursor() flushes first).

@@ -22,8 +22,9 @@ import threading
 import time
 
 from probe_client import wire
+from stallscope.vocab.log_channels import log_channel
 
-log = logging.getLogger("stallscope.watch")
+log = logging.getLogger(log_channel(__name__))
 
 # WATCH requests being compiled at once; more are refused (`busy`), so a
 # flood of requests cannot pile up compilers in the daemon.

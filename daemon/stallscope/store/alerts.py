@@ -33,9 +33,10 @@ import pyarrow.compute as pc
 
 from stallscope.store.fanout import Filter
 from stallscope.vocab import event_kinds, rules
+from stallscope.vocab.log_channels import log_channel
 from stallscope.vocab.offcpu import offcpu_weights
 
-log = logging.getLogger("stallscope.api.alerts")
+log = logging.getLogger(log_channel(__name__))
 
 ALERT_COLUMNS = (
     "run_id",

@@ -29,11 +29,12 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from stallscope.store.migrations import apply_schema
+from stallscope.store.migrations import apply_schema, stored_tables
 from stallscope.store.recovery import LOSS_SQL, Recovery, transient
+from stallscope.vocab.log_channels import log_channel
 from stallscope.vocab.schema import STORED_NS_VARIABLE
 
-log = logging.getLogger("stallscope.store")
+log = logging.getLogger(log_channel(__name__))
 
 # The gRPC Query rpc runs users' SQL on cursors of this same database, and
 # DuckDB applies these settings per database instance (one process cannot
@@ -48,30 +49,9 @@ SANDBOX_CONFIG = {
     "allow_community_extensions": False,
 }
 
-# Tables that carry stored_ns; `stallscope export parquet` sends these.
-STORED_TABLES = (
-    "runs",
-    "spans",
-    "gc_events",
-    "losses",
-    "ingest_errors",
-    "probe_status",
-    "offcpu",
-    "runq",
-    "migrations",
-    "nvml_samples",
-    "nvml_clock_sync",
-    "syscalls",
-    "page_faults",
-    "irq_time",
-    "steal",
-    "coverage",
-    "run_events",
-    "sched_summary",  # stored_ns added by 090_sched_summary.sql
-    "daemon_stats",  # stored_ns added by 120_daemon_stats.sql
-    "heap_census",
-    "heap_census_runs",
-)
+# Tables that carry stored_ns (read from the schema files); `stallscope
+# export parquet` sends these.
+STORED_TABLES = stored_tables()
 
 # The one statement that writes `probe_status` (record_probe_status).
 _STATUS_SQL = (

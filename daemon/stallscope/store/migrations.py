@@ -22,8 +22,9 @@ from pathlib import Path
 
 from stallscope.errors import SchemaVersionError
 from stallscope.store import views
+from stallscope.vocab.log_channels import log_channel
 
-log = logging.getLogger("stallscope.store")
+log = logging.getLogger(log_channel(__name__))
 
 SCHEMA_DIR = Path(__file__).resolve().parent / "schema"
 MIGRATIONS_DIR = SCHEMA_DIR / "migrations"
@@ -37,6 +38,32 @@ CREATE TABLE IF NOT EXISTS schema_version (
     name       VARCHAR    -- migration file name, or 'base'
 );
 """
+
+
+_CREATE_TABLE = re.compile(
+    r"CREATE\s+TABLE\s+(?:IF\s+NOT\s+EXISTS\s+)?(\w+)\s*\((.*?)\n\);", re.S | re.I
+)
+_ADD_STORED_NS = re.compile(
+    r"ALTER\s+TABLE\s+(\w+)\s+ADD\s+COLUMN\s+(?:IF\s+NOT\s+EXISTS\s+)?stored_ns\b", re.I
+)
+
+
+def stored_tables(schema_dir=None):
+    """The tables that carry `stored_ns` (what the Parquet export sends), in
+    schema order: read from the schema files, so no list repeats them."""
+    found = []
+    for path in sorted((schema_dir or SCHEMA_DIR).glob("*.sql")):
+        text = re.sub(r"--[^\n]*", "", path.read_text())
+        hits = [
+            (m.start(), m.group(1))
+            for m in _CREATE_TABLE.finditer(text)
+            if re.search(r"^\s*stored_ns\s", m.group(2), re.M)
+        ]
+        hits += [(m.start(), m.group(1)) for m in _ADD_STORED_NS.finditer(text)]
+        for _, table in sorted(hits):
+            if table not in found:
+                found.append(table)
+    return tuple(found)
 
 
 def migrations():

@@ -15,7 +15,9 @@ import time
 import duckdb
 import pyarrow.compute as pc
 
-log = logging.getLogger("stallscope.store")
+from stallscope.vocab.log_channels import log_channel
+
+log = logging.getLogger(log_channel(__name__))
 
 # Rows kept in memory while the database cannot be written (disk full). About
 # 100 bytes a span row: ~50 MB at the bound. Ingest stops reading sockets at

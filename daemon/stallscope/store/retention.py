@@ -25,7 +25,9 @@ import os
 import threading
 import time
 
-log = logging.getLogger("stallscope.retention")
+from stallscope.vocab.log_channels import log_channel
+
+log = logging.getLogger(log_channel(__name__))
 
 # Tables with run_id whose rows belong to a run (deleted with it).
 # Discovered from the schema, so tables added later are covered too.

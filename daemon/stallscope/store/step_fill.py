@@ -22,7 +22,9 @@ import time
 
 import pyarrow as pa
 
-log = logging.getLogger("stallscope.step_fill")
+from stallscope.vocab.log_channels import log_channel
+
+log = logging.getLogger(log_channel(__name__))
 
 NS_MIN = -(2**63)
 # The source tables whose late rows can change a filled step, and the

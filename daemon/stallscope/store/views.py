@@ -16,7 +16,9 @@ import logging
 import os
 from pathlib import Path
 
-log = logging.getLogger("stallscope.views")
+from stallscope.vocab.log_channels import log_channel
+
+log = logging.getLogger(log_channel(__name__))
 
 
 def queries_dir():

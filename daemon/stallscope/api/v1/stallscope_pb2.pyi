@@ -391,8 +391,15 @@ class RunSummary(_message.Message):
     def __init__(self, run_id: _Optional[int] = ..., pid: _Optional[int] = ..., label: _Optional[str] = ..., python: _Optional[str] = ..., started_ns: _Optional[int] = ..., connected_ns: _Optional[int] = ..., ended_ns: _Optional[int] = ..., live: _Optional[bool] = ..., records: _Optional[int] = ..., connections: _Optional[int] = ..., host: _Optional[str] = ..., realtime_start_ns: _Optional[int] = ...) -> None: ...
 
 class Status(_message.Message):
-    __slots__ = ("version", "daemon_pid", "uptime_ns", "db_path", "db_bytes", "probes", "connected_runs", "records_received", "client_records_lost", "rows_written", "rows_lost", "pending_rows", "rejections", "subscribers", "stream_events_dropped", "losses_recorded", "realtime_offset_ns", "host", "monotonic_ns")
+    __slots__ = ("version", "daemon_pid", "uptime_ns", "db_path", "db_bytes", "probes", "connected_runs", "records_received", "client_records_lost", "rows_written", "rows_lost", "pending_rows", "rejections", "subscribers", "stream_events_dropped", "losses_recorded", "realtime_offset_ns", "host", "monotonic_ns", "stream_missing_columns")
     class RejectionsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    class StreamMissingColumnsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
         VALUE_FIELD_NUMBER: _ClassVar[int]
@@ -418,6 +425,7 @@ class Status(_message.Message):
     REALTIME_OFFSET_NS_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
     MONOTONIC_NS_FIELD_NUMBER: _ClassVar[int]
+    STREAM_MISSING_COLUMNS_FIELD_NUMBER: _ClassVar[int]
     version: str
     daemon_pid: int
     uptime_ns: int
@@ -437,7 +445,8 @@ class Status(_message.Message):
     realtime_offset_ns: int
     host: str
     monotonic_ns: int
-    def __init__(self, version: _Optional[str] = ..., daemon_pid: _Optional[int] = ..., uptime_ns: _Optional[int] = ..., db_path: _Optional[str] = ..., db_bytes: _Optional[int] = ..., probes: _Optional[_Iterable[_Union[ProbeState, _Mapping]]] = ..., connected_runs: _Optional[_Iterable[_Union[RunSummary, _Mapping]]] = ..., records_received: _Optional[int] = ..., client_records_lost: _Optional[int] = ..., rows_written: _Optional[int] = ..., rows_lost: _Optional[int] = ..., pending_rows: _Optional[int] = ..., rejections: _Optional[_Mapping[str, int]] = ..., subscribers: _Optional[int] = ..., stream_events_dropped: _Optional[int] = ..., losses_recorded: _Optional[int] = ..., realtime_offset_ns: _Optional[int] = ..., host: _Optional[str] = ..., monotonic_ns: _Optional[int] = ...) -> None: ...
+    stream_missing_columns: _containers.ScalarMap[str, int]
+    def __init__(self, version: _Optional[str] = ..., daemon_pid: _Optional[int] = ..., uptime_ns: _Optional[int] = ..., db_path: _Optional[str] = ..., db_bytes: _Optional[int] = ..., probes: _Optional[_Iterable[_Union[ProbeState, _Mapping]]] = ..., connected_runs: _Optional[_Iterable[_Union[RunSummary, _Mapping]]] = ..., records_received: _Optional[int] = ..., client_records_lost: _Optional[int] = ..., rows_written: _Optional[int] = ..., rows_lost: _Optional[int] = ..., pending_rows: _Optional[int] = ..., rejections: _Optional[_Mapping[str, int]] = ..., subscribers: _Optional[int] = ..., stream_events_dropped: _Optional[int] = ..., losses_recorded: _Optional[int] = ..., realtime_offset_ns: _Optional[int] = ..., host: _Optional[str] = ..., monotonic_ns: _Optional[int] = ..., stream_missing_columns: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class ListRunsRequest(_message.Message):
     __slots__ = ("live_only", "page_size", "page_token")

@@ -12,7 +12,9 @@ import json
 import logging
 import os
 
-log = logging.getLogger("stallscope.daemon")
+from stallscope.vocab.log_channels import log_channel
+
+log = logging.getLogger(log_channel(__name__))
 
 
 def endpoint_path(db_path):

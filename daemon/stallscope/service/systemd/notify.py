@@ -14,7 +14,9 @@ import os
 import socket
 import time
 
-log = logging.getLogger("stallscope.notify")
+from stallscope.vocab.log_channels import log_channel
+
+log = logging.getLogger(log_channel(__name__))
 
 # STATUS= is refreshed at most this often when only counters changed (systemctl
 # status shows it; the manager has no use for 10 updates a second).

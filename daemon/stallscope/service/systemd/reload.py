@@ -13,8 +13,9 @@ module never raises into the daemon's loop.
 import logging
 
 from stallscope.service import config as configmod
+from stallscope.vocab.log_channels import log_channel
 
-log = logging.getLogger("stallscope.reload")
+log = logging.getLogger(log_channel(__name__))
 
 # The live key each probe reads, by probe name: a change restarts whichever
 # backend runs (only the /proc backend uses probes.sched_poll_hz).

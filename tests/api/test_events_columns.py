@@ -1,0 +1,103 @@
+"""A batch without a column its kind must have is never streamed as zeros
+silently: `to_events` raises, or (in the daemon's stream) reports it; the
+columns that may be absent by design are listed, and every column a
+converter reads exists in its table."""
+
+import pyarrow as pa
+import pytest
+
+from helpers.schema_db import fresh_db
+from stallscope.api import events
+from stallscope.api.v1 import stallscope_pb2 as pb
+from stallscope.vocab.event_kinds import TABLE_KINDS
+
+
+def columns_read(kind):
+    """The columns the converter of `kind` reads, in order (from an empty batch
+    that lacks them all, in reporting mode)."""
+    empty = pa.table({"_": pa.array([], pa.int64())})
+    col = events._Columns(kind, empty, lambda _kind, _cols: None)
+    events.CONVERTERS[kind](col, {})
+    return col.missing + [c for c in events.OPTIONAL[kind] if c not in col.missing]
+
+
+def table_columns(table, con):
+    return [
+        r[0]
+        for r in con.execute(
+            "SELECT column_name FROM information_schema.columns WHERE table_name = ? "
+            "ORDER BY ordinal_position",
+            [table],
+        ).fetchall()
+    ]
+
+
+@pytest.mark.parametrize("table", sorted(TABLE_KINDS), ids=str)
+def test_every_column_a_converter_reads_is_in_its_table(table):
+    kind = TABLE_KINDS[table]
+    con = fresh_db()
+    have = set(table_columns(table, con))
+    if table == "stall_alerts":  # not a table: the detector's own batches
+        have = {f.name for f in pb.StallAlert.DESCRIPTOR.fields}
+    read = columns_read(kind)
+    assert read, table
+    assert set(read) - have == set(), f"{table}: the converter reads columns the schema lacks"
+    assert events.OPTIONAL[kind] <= set(read), "an optional column nobody reads"
+
+
+def _spans(drop=()):
+    cols = {
+        "run_id": [1],
+        "tid": [7],
+        "kind": ["step"],
+        "stage": ["decode"],
+        "batch": [4],
+        "start_ns": [100],
+        "end_ns": [350],
+        "depth": [0],
+        "seq": [3],
+    }
+    return pa.table({k: v for k, v in cols.items() if k not in drop})
+
+
+def test_a_missing_required_column_raises():
+    (ev,) = events.to_events(pb.SPAN, _spans(), {1: 4242})
+    assert ev.span.duration_ns == 250 and ev.span.pid == 4242
+    with pytest.raises(events.MissingColumns, match="SPAN batch lacks column.*end_ns"):
+        events.to_events(pb.SPAN, _spans(drop=("end_ns",)), {})
+
+
+def test_the_stream_reports_it_and_goes_on_with_unknowns():
+    reported = []
+    (ev,) = events.to_events(
+        pb.SPAN, _spans(drop=("stage", "seq")), {}, on_missing=lambda k, c: reported.append((k, c))
+    )
+    assert reported == [(pb.SPAN, ("stage", "seq"))]
+    assert ev.span.stage == "" and ev.span.seq == 0 and ev.span.end_ns == 350
+
+
+def test_optional_columns_may_be_absent():
+    exact_offcpu = pa.table(
+        {
+            "pid": [1],
+            "tid": [2],
+            "start_ns": [10],
+            "end_ns": [20],
+            "preempted": [True],
+            "cpu": [0],
+        }
+    )
+    (ev,) = events.to_events(pb.OFF_CPU, exact_offcpu, {})
+    assert ev.off_cpu.preempted and ev.off_cpu.duration_ns == 10
+    usdt_gc = pa.table(
+        {
+            "run_id": [1],
+            "tid": [2],
+            "generation": [2],
+            "start_ns": [5],
+            "end_ns": [9],
+            "collected": [3],
+        }
+    )
+    (ev,) = events.to_events(pb.GC_PASS, usdt_gc, {})
+    assert ev.gc_pass.generation == 2
