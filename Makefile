@@ -26,9 +26,10 @@ test: bootstrap lint
 	.venv/bin/python -m pytest $(PYTEST_ARGS)
 
 # What needs no daemon process and no root (tests/helpers/markers.py enforces
-# the markers): under 2 minutes here, for the edit-test loop.
+# the markers), on both cores (nothing timing-sensitive is in it): about two
+# minutes here, for the edit-test loop.
 test-fast: bootstrap lint
-	.venv/bin/python -m pytest -m "not daemon and not privileged" $(PYTEST_ARGS)
+	.venv/bin/python -m pytest -m "not daemon and not privileged" -n 2 $(PYTEST_ARGS)
 
 lint: bootstrap
 	.venv/bin/ruff check $(LINT_PATHS)
