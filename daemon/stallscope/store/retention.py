@@ -25,6 +25,7 @@ import os
 import threading
 import time
 
+from stallscope import threads
 from stallscope.vocab.log_channels import log_channel
 
 log = logging.getLogger(log_channel(__name__))
@@ -131,6 +132,7 @@ class Retention:
             self._thread.join(timeout=30)
 
     def _run(self):
+        threads.background("retention")
         while not self._stop.is_set():
             try:
                 self.check()
