@@ -37,9 +37,9 @@ BOUNDS_PREAMBLE = textwrap.dedent(
     from stallscope.store import database as store
     seen = {"flush_rows": 0, "undecoded": 0}
     _flush, _decode = store.Store.flush, ingest_records.RecordDecoder.decode_pending
-    def flush(self):
+    def flush(self, *args, **kwargs):
         seen["flush_rows"] = max(seen["flush_rows"], self.pending_rows)
-        return _flush(self)
+        return _flush(self, *args, **kwargs)
     def decode_pending(self):
         seen["undecoded"] = max(seen["undecoded"], self.undecoded)
         return _decode(self)

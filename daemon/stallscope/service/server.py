@@ -66,8 +66,12 @@ DECODE_BATCH_RECORDS = 65_536
 # With nothing arriving, the loop wakes this often (watchdog, deep windows,
 # SIGHUP, self statistics) instead of every 50 ms.
 IDLE_TICK_S = 0.5
+# Light traffic (fewer datagrams a round than this) gathers for the gap
+# before the next read: a client sends every 20 ms and its socket holds
+# seconds of that, so waking 5 times a second instead of 20 halved the main
+# loop's CPU at 200 steps/s (bench/daemon_footprint.py).
 LIGHT_ROUND_DATAGRAMS = 8
-LIGHT_ROUND_GAP_S = 0.05
+LIGHT_ROUND_GAP_S = 0.2
 TICK_S = 0.1
 # Threads that registered no role (DuckDB's, Arrow's, gRPC's) are moved to
 # idle priority this often (stallscope.threads.sweep).
@@ -127,7 +131,7 @@ class Daemon:
         config=None,
         retention_limits=None,
         stop_event=None,
-        step_fill_interval_s=10.0,
+        step_fill_interval_s=30.0,
         metrics_listen=None,
         metrics_max_label_values=32,
         max_backlog_rows=DEFAULT_MAX_BACKLOG_ROWS,
