@@ -111,7 +111,10 @@ def struct_dtype(ctype):
     """The numpy dtype of a bcc ctypes struct, at the compiler's offsets.
 
     char arrays become bytes fields ('S16'), padding fields that bcc names
-    `__pad_*` are left out (the offsets keep the holes)."""
+    `__pad_*` are left out (the offsets keep the holes). Nested structs
+    become structured fields and other arrays subarrays (an array of
+    structs, a u8 array as raw bytes), so a record holding
+    `struct frame frames[64]` reads as `rec["frames"]["code"]`."""
     import ctypes as ct
 
     names, formats, offsets = [], [], []
@@ -119,16 +122,24 @@ def struct_dtype(ctype):
         name, ftype = field[0], field[1]
         if name.startswith("__pad"):
             continue
-        if issubclass(ftype, ct.Array) and ftype._type_ is ct.c_char:
-            fmt = f"S{ftype._length_}"
-        else:
-            fmt = np.dtype(ftype).str
         names.append(name)
-        formats.append(fmt)
+        formats.append(_field_dtype(ftype))
         offsets.append(getattr(ctype, name).offset)
     return np.dtype(
         {"names": names, "formats": formats, "offsets": offsets, "itemsize": ct.sizeof(ctype)}
     )
+
+
+def _field_dtype(ftype):
+    import ctypes as ct
+
+    if isinstance(ftype, type) and issubclass(ftype, ct.Structure):
+        return struct_dtype(ftype)
+    if isinstance(ftype, type) and issubclass(ftype, ct.Array):
+        if ftype._type_ is ct.c_char:
+            return np.dtype(f"S{ftype._length_}")
+        return np.dtype((_field_dtype(ftype._type_), (ftype._length_,)))
+    return np.dtype(ftype)
 
 
 def map_value_dtype(bpf, map_name):
