@@ -55,7 +55,8 @@ def has_bpf_privileges():
 
 def bcc_unavailable(tracepoints, tracefs=TRACEFS, privileged=None):
     """None when bcc can load a program on `tracepoints` ("cat:event") here,
-    else the first missing piece and how to fix it."""
+    else the first missing piece and how to fix it. With `tracefs=None`
+    (a program on perf events only) tracefs is not needed."""
     if not (has_bpf_privileges() if privileged is None else privileged):
         return (
             "needs root or CAP_BPF+CAP_PERFMON (plus CAP_DAC_READ_SEARCH "
@@ -68,7 +69,7 @@ def bcc_unavailable(tracepoints, tracefs=TRACEFS, privileged=None):
             "bcc not installed: apt-get install python3-bpfcc, then "
             "scripts/bootstrap.sh links it into the venv"
         )
-    if not os.path.isdir(f"{tracefs}/events"):
+    if tracefs is not None and not os.path.isdir(f"{tracefs}/events"):
         return f"tracefs not mounted at {tracefs}: mount -t tracefs tracefs {tracefs}"
     for tp in tracepoints:
         category, _, event = tp.partition(":")

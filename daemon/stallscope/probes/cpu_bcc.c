@@ -408,6 +408,7 @@ int on_sample(struct bpf_perf_event_data *ctx)
         k.code = r->frames[j].code;
         k.cksum = r->frames[j].cksum;
         k.pid = pid;
+        k.gen = L->gen;
         if (seen.lookup(&k))
             continue;
         u8 one = 1;

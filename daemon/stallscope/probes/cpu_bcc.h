@@ -99,6 +99,8 @@ struct pylayout {
     u16 bytes_size;
     u16 bytes_data;
     u16 pad;
+    u32 gen;                  // this tracking of the tgid (symbols are re-sent for a new one)
+    u32 pad2;
 };
 
 struct pyframe {
@@ -148,6 +150,8 @@ struct symkey {
     u64 code;
     u32 cksum;
     u32 pid;
+    u32 gen;                  // pylayout.gen: a re-tracked process gets its symbols again
+    u32 pad;
 };
 
 // Per-CPU scratch: object heads read in one probe read each, and the walk's
