@@ -377,12 +377,16 @@ class BccCpuProbe(Probe):
             why = None
             try:
                 try:
-                    leaf, version = self._check_layout(info)
+                    fields, version = self.check_layout(info)
+                    leaf = self._leaf(fields)
                 except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
                     raise Refused(f"malformed report ({type(exc).__name__}: {exc})") from None
             except Refused as exc:
                 why = str(exc)
-            python = ".".join(str(v) for v in info.get("version", [])[:3]) or "?"
+            version_claimed = info.get("version")
+            python = "?"
+            if isinstance(version_claimed, list):
+                python = ".".join(str(v) for v in version_claimed[:3])[:40] or "?"
             if why is not None:
                 proc.layout = None
                 proc.status = f"refused: {why}"
@@ -436,8 +440,10 @@ class BccCpuProbe(Probe):
         if self._sink is not None:
             self._sink.status(self.name, self.backend, state, detail)
 
-    def _check_layout(self, info):
-        """(struct pylayout, (major, minor)) from a report, or Refused(why)."""
+    @staticmethod
+    def check_layout(info):
+        """({struct pylayout field: value}, (major, minor)) from a report, or
+        Refused(why); needs no kernel (the tests call it on forged reports)."""
         status = info.get("status")
         if status != "ok":
             raise Refused(str(status or "no status").removeprefix("refused: ")[:300])
@@ -485,25 +491,33 @@ class BccCpuProbe(Probe):
         gil = lay["gil_holder"]
         if gil and not 4096 <= gil < USER_ADDR_MAX:
             raise Refused(f"GIL holder address {gil:#x} is not a user-space address")
+        fields = {
+            "code_type": addrs["code"],
+            "str_type": addrs["str"],
+            "bytes_type": addrs["bytes"],
+            "gil_holder": gil,
+            "version": (version[0] << 8) | version[1],
+            "frame_kind": lay["frame_kind"],
+            "has_cframe": int(lay["cframe_frame"] != pyoffsets.NONE),
+            "owner_cstack": lay["owner_cstack"],
+            "ts_frame": lay["ts_frame"],
+            "cframe_frame": max(0, lay["cframe_frame"]),
+            "pthread_tid": lay["pthread_tid"],
+            "ts_pthread": lay["ts_thread_id"] if lay["pthread_tid"] >= 0 else -1,
+            "co_name": lay["co_qualname" if lay["co_qualname"] != pyoffsets.NONE else "co_name"],
+            "co_code_adaptive": max(0, lay["co_code_adaptive"]),
+        }
+        fields.update({field: lay[key] for field, key in _COPIED.items()})
+        return fields, version
+
+    def _leaf(self, fields):
+        """A `struct pylayout` (bcc's ctypes Leaf of `tracked`) holding `fields`."""
         if self._bpf is None:
             raise Refused("the CPU probe is not loaded")
-        L = self._bpf[b"tracked"].Leaf()
-        L.code_type, L.str_type, L.bytes_type = addrs["code"], addrs["str"], addrs["bytes"]
-        L.gil_holder = gil
-        L.version = (version[0] << 8) | version[1]
-        L.frame_kind = lay["frame_kind"]
-        L.has_cframe = int(lay["cframe_frame"] != pyoffsets.NONE)
-        L.owner_cstack = lay["owner_cstack"]
-        L.ts_frame = lay["ts_frame"]
-        L.cframe_frame = max(0, lay["cframe_frame"])
-        L.pthread_tid = lay["pthread_tid"]
-        L.ts_pthread = lay["ts_thread_id"] if L.pthread_tid >= 0 else -1
-        name_key = "co_qualname" if lay["co_qualname"] != pyoffsets.NONE else "co_name"
-        L.co_name = lay[name_key]
-        for field, key in _COPIED.items():
-            setattr(L, field, lay[key])
-        L.co_code_adaptive = max(0, lay["co_code_adaptive"])
-        return L, version
+        leaf = self._bpf[b"tracked"].Leaf()
+        for name, value in fields.items():
+            setattr(leaf, name, value)
+        return leaf
 
     # ----- reading -----------------------------------------------------------------------------
     def _reader(self):
