@@ -150,6 +150,7 @@ def traced(tmp_path_factory):
         _forged_client(daemon.socket, other, layout, [(1, 0x7F0000001000)])  # pid 1's thread
         # after the refusals, the sampler still names a process's frames
         runs[("chain", "after")] = Engine(debian, daemon.socket, "chain", 1).run()
+        runs[("steps", "debian")] = Engine(debian, daemon.socket, "steps", 2).run()
     finally:
         rc, _ = daemon.stop(timeout_s=30)
     assert rc == 0, daemon.new_log()
@@ -373,3 +374,87 @@ def test_the_profile_command_names_the_spinning_chain(traced):
     assert (
         ";a (cpu_engine.py:" in top and ";b (cpu_engine.py:" in top and ";c (cpu_engine.py:" in top
     )
+
+
+def _profile(daemon, *args):
+    out = subprocess.run(
+        [sys.executable, "-m", "stallscope.cli", "profile", "--db", daemon.db, *args],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def test_profile_of_slow_steps_names_their_extra_work(traced):
+    daemon, runs = traced
+    pid = runs[("steps", "debian")]["ready"]["pid"]
+    run_id = daemon.scalar("SELECT run_id FROM runs WHERE pid = ?", [pid])
+    assert daemon.scalar(
+        "SELECT count(*) FROM step_attribution WHERE run_id = ? AND slow", [run_id]
+    )
+
+    def python_self(text):
+        """{function: self samples} of the "Top Python frames by self" table."""
+        table = text.split("== Top Python frames by self")[1].split("\n==")[0]
+        out = collections.Counter()
+        for row in table.splitlines():
+            parts = row.split()
+            if len(parts) >= 3 and parts[0].isdigit():
+                out[parts[2]] += int(parts[0])
+        return out
+
+    slow = python_self(_profile(daemon, "--run", str(run_id), "--slow"))
+    stage = python_self(_profile(daemon, "--run", str(run_id), "--stage", "decode"))
+    share = lambda c: c["slow_part"] / max(1, sum(c.values()))  # noqa: E731
+    # the slow steps are mostly the ones that call slow_part(): their CPU went there,
+    # more than in the stage's steps as a whole (fast_part in every step)
+    assert slow.most_common(1)[0][0] == "slow_part", slow
+    assert stage["fast_part"] > 0 and sum(stage.values()) > sum(slow.values())
+    assert share(slow) > share(stage) + 0.1, (slow, stage)
+    none = _profile(daemon, "--run", str(run_id), "--stage", "no-such-stage")
+    assert none.startswith("no CPU samples")
+
+
+def test_perfetto_export_has_samples_with_callstacks_on_thread_tracks(traced, tmp_path):
+    from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pt
+
+    daemon, runs = traced
+    run = runs[("chain", "after")]
+    run_id = daemon.scalar("SELECT run_id FROM runs WHERE pid = ?", [run["ready"]["pid"]])
+    path = tmp_path / "cpu.pftrace"
+    done = subprocess.run(
+        [sys.executable, "-m", "stallscope.cli", "export", "perfetto", "--db", daemon.db,
+         "--run", str(run_id), "-o", str(path)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    trace = pt.Trace()
+    trace.ParseFromString(path.read_bytes())
+    threads = {
+        p.track_descriptor.uuid: p.track_descriptor.thread.tid
+        for p in trace.packet
+        if p.HasField("track_descriptor") and p.track_descriptor.HasField("thread")
+    }
+    samples = [
+        p.track_event
+        for p in trace.packet
+        if p.HasField("track_event") and p.track_event.name == "cpu sample"
+    ]
+    spinner = [e for e in samples if threads.get(e.track_uuid) == run["spinner"]["tid"]]
+    stored = daemon.scalar(
+        "SELECT count(*) FROM cpu_samples WHERE pid = ? AND tid = ?",
+        [run["ready"]["pid"], run["spinner"]["tid"]],
+    )
+    assert len(spinner) == stored > 300
+    chains = 0
+    for e in spinner:
+        names = [f.function_name for f in e.callstack.frames]  # root first
+        py = [n for n in names if not n.endswith("]")]
+        if py[-3:] == ["a", "b", "c"]:
+            chains += 1
+            leaf_py = [f for f in e.callstack.frames if f.function_name == "c"][0]
+            assert leaf_py.source_file == ENGINE and leaf_py.line_number in (
+                LINES["C_LOOP"],
+                LINES["C_BODY"],
+            )
+    assert chains >= 0.95 * len(spinner)
