@@ -620,6 +620,7 @@ class Reporter:
         self._buf = bytearray(wire.DATAGRAM_MAX)
         self._last = b""
         self._pending = None
+        self.listings = 0  # thread lists made (sent or not)
         self.layout = self._layout_payload()
 
     def _layout_payload(self):
@@ -647,6 +648,7 @@ class Reporter:
         the last `sent()`, else None; `header(count)` packs the header."""
         if not self.ok:
             return None
+        self.listings += 1
         buf = self._buf
         n, more = self.intro.list_into(buf, wire.HEADER_SIZE, wire.MAX_RECORDS)
         body = bytes(buf[wire.HEADER_SIZE : wire.HEADER_SIZE + n * wire.RECORD_SIZE])
