@@ -15,7 +15,6 @@ sampler (and the scheduling probe) keep going, coverage and losses.
 
 import collections
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -24,66 +23,13 @@ import time
 import pytest
 
 from helpers import pythons
+from helpers.cpu import CHAIN_S, ENGINE, LINES, Engine, chain_share, python_frames, stacks
 from helpers.daemonproc import DaemonProcess
 from helpers.privileged import is_root, require_privileged
 from probe_client import wire
 from stallscope.probes.cpu_bcc import BccCpuProbe
 
 pytestmark = [pytest.mark.daemon, pytest.mark.privileged]
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-ENGINE = os.path.join(HERE, "cpu_engine.py")
-ROOT = os.path.dirname(os.path.dirname(HERE))
-CHAIN_S = 2.0
-
-
-def marker_lines(path=ENGINE):
-    out = {}
-    with open(path) as f:
-        for i, line in enumerate(f, 1):
-            if "# LINE_" in line:
-                out[line.split("# LINE_")[1].split()[0]] = i
-    return out
-
-
-LINES = marker_lines()
-
-
-class Engine:
-    """One run of cpu_engine.py under `python`, speaking JSON lines."""
-
-    def __init__(self, python, sock, mode, seconds, env=None):
-        env = {**os.environ, "PYTHONPATH": ROOT, "STALLSCOPE_PYTHREADS_INTERVAL_MS": "200",
-               **(env or {})}  # fmt: skip
-        self.proc = subprocess.Popen(
-            [python, ENGINE, sock, mode, str(seconds)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
-        self.events = []
-
-    def expect(self, event, timeout_s=60):
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            line = self.proc.stdout.readline()
-            if not line:
-                raise RuntimeError(f"engine exited before {event}: {self.proc.poll()}")
-            ev = json.loads(line)
-            self.events.append(ev)
-            if ev["event"] == event:
-                return ev
-        raise TimeoutError(event)
-
-    def run(self):
-        ready = self.expect("ready")
-        self.proc.stdin.write("\n")
-        self.proc.stdin.flush()
-        spinner = self.expect("spinner")
-        done = self.expect("done")
-        self.proc.wait(30)
-        return {"ready": ready, "spinner": spinner, "done": done, "events": self.events}
 
 
 def _forged_client(sock, hello, layout=None, threads=()):
@@ -157,57 +103,13 @@ def traced(tmp_path_factory):
     return daemon, runs
 
 
-def _stacks(daemon, pid, tid):
-    """[(count, [(kind, file, function, line), ...] leaf first)] of one thread."""
-    rows = daemon.query(
-        "SELECT s.stack_id, count(*) FROM cpu_samples s WHERE s.pid = ? AND s.tid = ? GROUP BY ALL",
-        [pid, tid],
-    )
-    frames = daemon.query(
-        "SELECT st.stack_id, st.depth, f.kind, f.file, f.function, f.line FROM cpu_stacks st "
-        "JOIN cpu_frames f USING (frame_id) WHERE st.stack_id IN "
-        "(SELECT DISTINCT stack_id FROM cpu_samples WHERE pid = ? AND tid = ?) "
-        "ORDER BY st.stack_id, st.depth",
-        [pid, tid],
-    )
-    by_stack = collections.defaultdict(list)
-    for sid, _, kind, file, function, line in frames:
-        by_stack[sid].append((kind, file, function, line))
-    return [(n, by_stack.get(sid, [])) for sid, n in rows]
-
-
-def _python_frames(stack):
-    return [f for f in stack if f[0] == "py"]
-
-
-CHAIN_WANT = (
-    ("c", {LINES["C_LOOP"], LINES["C_BODY"]}),
-    ("b", {LINES["B_CALL"]}),
-    ("a", {LINES["A_CALL"]}),
-)
-
-
-def _chain_share(daemon, run):
-    pid, tid = run["ready"]["pid"], run["spinner"]["tid"]
-    total = good = 0
-    for n, stack in _stacks(daemon, pid, tid):
-        total += n
-        py = _python_frames(stack)[:3]
-        if len(py) == 3 and all(
-            f[1] == ENGINE and f[2] == name and f[3] in lines
-            for f, (name, lines) in zip(py, CHAIN_WANT, strict=True)
-        ):
-            good += n
-    return good, total
-
-
 @pytest.mark.parametrize("label", [label for label, _ in pythons.interpreters()])
 def test_chain_with_files_and_lines_on_each_interpreter(traced, label):
     daemon, runs = traced
     pythons.require(dict(pythons.interpreters())[label], f"CPython {label}")
     run = runs[("chain", label)]
     assert run["ready"]["status"] == "ok", run["ready"]
-    good, total = _chain_share(daemon, run)
+    good, total = chain_share(daemon, run)
     # ~1 kHz while on CPU for CHAIN_S seconds on a shared 2-vCPU host
     assert total >= 0.3 * CHAIN_S * 1000, total
     assert good >= 0.95 * total, (good, total)
@@ -218,17 +120,17 @@ def test_zlib_thread_has_a_libz_native_leaf(traced):
     assert ("zlib", "debian") in runs
     for key in [k for k in runs if k[0] == "zlib"]:
         run = runs[key]
-        stacks = _stacks(daemon, run["ready"]["pid"], run["spinner"]["tid"])
-        total = sum(n for n, _ in stacks)
+        found = stacks(daemon, run["ready"]["pid"], run["spinner"]["tid"])
+        total = sum(n for n, _ in found)
         libz = sum(
-            n for n, st in stacks if st and st[0][0] == "native" and "libz.so.1" in (st[0][1] or "")
+            n for n, st in found if st and st[0][0] == "native" and "libz.so.1" in (st[0][1] or "")
         )
         zspin = sum(
             n
-            for n, st in stacks
-            if _python_frames(st)[:1]
-            and _python_frames(st)[0][2] == "zspin"
-            and _python_frames(st)[0][3] == LINES["Z_CALL"]
+            for n, st in found
+            if python_frames(st)[:1]
+            and python_frames(st)[0][2] == "zspin"
+            and python_frames(st)[0][3] == LINES["Z_CALL"]
         )
         assert total > 300, (key, total)
         assert libz >= 0.8 * total, (key, libz, total)
@@ -306,7 +208,7 @@ def test_python_39_is_refused_clearly_and_sampled_natively(traced):
     assert py == 0
     # the scheduling probe kept following it, and the sampler the next process
     assert daemon.scalar("SELECT count(*) FROM offcpu WHERE pid = ?", [pid]) > 0
-    good, total = _chain_share(daemon, runs[("chain", "after")])
+    good, total = chain_share(daemon, runs[("chain", "after")])
     assert total > 300 and good >= 0.95 * total
 
 

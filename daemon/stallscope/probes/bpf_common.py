@@ -70,6 +70,11 @@ def bcc_unavailable(tracepoints, tracefs=TRACEFS, privileged=None):
             "scripts/bootstrap.sh links it into the venv"
         )
     if tracefs is not None and not os.path.isdir(f"{tracefs}/events"):
+        if os.path.isdir(tracefs) and not os.access(tracefs, os.R_OK | os.X_OK):
+            return (
+                f"tracefs at {tracefs} is not readable by this user: needs "
+                "CAP_DAC_READ_SEARCH (or root)"
+            )
         return f"tracefs not mounted at {tracefs}: mount -t tracefs tracefs {tracefs}"
     for tp in tracepoints:
         category, _, event = tp.partition(":")

@@ -25,12 +25,14 @@ dangling. Nothing here touches the kernel or the database.
 """
 
 import ctypes as ct
+import os
 import time
 
 import numpy as np
 import pyarrow as pa
 
 from stallscope.probes import bpf_common
+from stallscope.probes.cpu_elf import MapsSymbolizer
 from stallscope.probes.cpu_lines import Symbol
 from stallscope.vocab.schema import CPU_STACK_EPOCH_NS
 
@@ -53,11 +55,15 @@ MAX_SYMBOLS = 1 << 18
 
 class _Natives:
     """(pid, IP) -> ('native', module, function, None), with bcc's symbolizer
-    (/proc/PID/maps and the modules' ELF symbols: the process must be alive)."""
+    (/proc/PID/maps and the modules' ELF symbols: the process must be alive),
+    or, for a process whose /proc/PID/root this daemon may not follow
+    (another user's, without CAP_SYS_PTRACE), cpu_elf's from the maps."""
 
     def __init__(self, enabled=True):
         self.enabled = enabled
         self._caches = {}  # pid -> bcc SymbolCache
+        self._by_maps = {}  # pid -> whether bcc cannot open its files (cpu_elf instead)
+        self._maps = MapsSymbolizer()
         self._resolved = {}  # (pid, ip) -> content
         self._refreshed = set()  # pids whose cache was re-read this drain
         self.lookups = 0
@@ -90,6 +96,18 @@ class _Natives:
         return ("native", text(module), text(name), None)
 
     def _resolve(self, pid, ip):
+        by_maps = self._by_maps.get(pid)
+        if by_maps is None:
+            try:
+                os.stat(f"/proc/{pid}/root/")
+                by_maps = False
+            except PermissionError:
+                by_maps = True
+            except OSError:
+                by_maps = False
+            self._by_maps[pid] = by_maps
+        if by_maps:
+            return self._maps.resolve(pid, ip, refresh=pid in self._refreshed)
         try:
             cache = self._caches.get(pid)
             if cache is None:
@@ -102,6 +120,7 @@ class _Natives:
             return None, None
 
     def forget(self, pid):
+        self._maps.forget(pid)
         cache = self._caches.pop(pid, None)
         if cache is not None:
             try:
@@ -113,6 +132,7 @@ class _Natives:
 
     def forget_pid(self, pid):
         self.forget(pid)
+        self._by_maps.pop(pid, None)
         for key in [k for k in self._resolved if k[0] == pid]:
             del self._resolved[key]
 
