@@ -145,13 +145,16 @@ class ProbeSettings:
         minimum=1,
     )
     cpu_ring_pages: int = _key(
-        1024,
-        "CPU sampler: sample ring buffer size in pages, a power of two (1024 = 4 MiB, ~4 s "
-        "of one busy thread at 1 kHz)",
+        2048,
+        "CPU sampler: sample ring buffer size in pages, a power of two (2048 = 8 MiB, ~7,800 "
+        "samples: 40 busy threads at 1 kHz between two reads)",
         minimum=1,
     )
     cpu_poll_ms: float = _key(
-        50.0, "CPU sampler: read its ring buffers this often while samples come, ms", minimum=1
+        200.0,
+        "CPU sampler: read its ring buffers this often while samples come, ms (each read "
+        "costs the daemon ~1 ms whatever it holds)",
+        minimum=1,
     )
 
 

@@ -79,6 +79,7 @@ UNWIND_LOSSES = {
 }
 UNWIND_LOSS_INTERVAL_NS = 1_000_000_000  # unwinder losses are rows of at most this
 SWEEP_INTERVAL_S = 10.0  # tstates entries of threads that are gone are dropped this often
+IDLE_WAIT_S = 5.0  # the reader's longest sleep while nothing is tracked
 # the layout fields copied into `struct pylayout` as they are (name there: key in the report)
 _COPIED = {
     "ts_native_tid": "ts_native_thread_id",
@@ -185,6 +186,7 @@ class BccCpuProbe(Probe):
         self._ring = self._sym_ring = self._counters = None
         self._lock = threading.RLock()  # the maps, the rings and the tables
         self._stop = threading.Event()
+        self._wake = threading.Event()  # set when something is tracked again
         self._thread = None
         self._procs = {}  # pid -> _Proc
         self._gen = 0
@@ -263,6 +265,7 @@ class BccCpuProbe(Probe):
         if self._bpf is None:
             return
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join()
             self._thread = None
@@ -301,6 +304,7 @@ class BccCpuProbe(Probe):
                 cpu=-1,
             )
             self._attached = True
+            self._wake.set()
         elif not want and self._attached:
             self._detach()
 
@@ -527,6 +531,12 @@ class BccCpuProbe(Probe):
         half = (self.ring_pages * bpf_common.PAGE_SIZE) // (2 * self.record_bytes)
         wait_s = self.poll_s
         while not self._stop.wait(wait_s):
+            if not self._attached:
+                # nothing tracked, no perf event: nothing comes until track() wakes us
+                self._wake.wait(IDLE_WAIT_S)
+                self._wake.clear()
+                if self._stop.is_set():
+                    break
             try:
                 n = self.drain()
                 wait_s = cadence.next(n)
@@ -567,17 +577,22 @@ class BccCpuProbe(Probe):
             return len(recs)
 
     def _note_unwind(self, unwind, ts):
-        labels = np.asarray(unwind.to_numpy(zero_copy_only=False), dtype=object)
-        for reason in UNWIND_LOSSES:
-            hit = labels == reason
+        """Count the unwinder's failures of a batch (a dictionary array)."""
+        if unwind.null_count == len(unwind):
+            return  # every frame walked: the common case
+        codes = unwind.indices.to_numpy(zero_copy_only=False)
+        failed = unwind.indices.is_valid().to_numpy(zero_copy_only=False)
+        names = unwind.dictionary.to_pylist()
+        for code in np.unique(codes[failed]).tolist():
+            hit = failed & (codes == code)
+            reason = names[code]
             n = int(hit.sum())
-            if n:
-                t = ts[hit]
-                got = self._unwind.setdefault(reason, [0, int(t.min()), int(t.max())])
-                got[0] += n
-                got[1] = min(got[1], int(t.min()))
-                got[2] = max(got[2], int(t.max()))
-                self._unwind_total[reason] += n
+            t = ts[hit]
+            got = self._unwind.setdefault(reason, [0, int(t.min()), int(t.max())])
+            got[0] += n
+            got[1] = min(got[1], int(t.min()))
+            got[2] = max(got[2], int(t.max()))
+            self._unwind_total[reason] += n
 
     def _flush_unwind(self, force=False):
         now = time.monotonic_ns()

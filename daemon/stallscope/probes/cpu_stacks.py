@@ -47,6 +47,8 @@ UNWIND = {
     "CPU_TSTATE_FAULT": "tstate_fault",
     "CPU_NO_PYTHON": "no_python",
 }
+UNWIND_REASONS = ("no_tstate", "tstate_fault", "no_python", "frame_fault", "truncated")
+_UNWIND_DICT = pa.array(UNWIND_REASONS, type=pa.string())
 UNKNOWN_PY = ("py", None, "<unknown>", None)
 # Caches that are only an optimisation are cleared past these sizes.
 MAX_RESOLVED = 1 << 18
@@ -245,8 +247,9 @@ class StackTable:
             if a:
                 nat_ids[k] = frame_id(self.natives.content(p, a))
         nat = nat_ids[nat_inv.ravel()]
-        # Stacks: one lookup per distinct (Python frames, native leaf).
-        combo = py_inv.ravel().astype(np.int64) * (len(nat_ids) + 1) + nat_inv.ravel()
+        # Stacks: one lookup per distinct (Python frames, native leaf function).
+        _, nat_rank = np.unique(nat, return_inverse=True)
+        combo = py_inv.ravel().astype(np.int64) * (len(nat_ids) + 1) + nat_rank.ravel()
         uniq_c, first_c, c_inv = np.unique(combo, return_index=True, return_inverse=True)
         stack_ids = np.zeros(len(uniq_c), dtype=np.int64)
         valid = np.zeros(len(uniq_c), dtype=bool)
@@ -323,13 +326,16 @@ class StackTable:
 
     @staticmethod
     def _unwind(recs):
-        """cpu_samples.unwind per sample: NULL when every frame was walked."""
+        """cpu_samples.unwind per sample (dictionary-encoded): NULL when every
+        frame was walked, else the reason (UNWIND_REASONS)."""
         status = recs["status"]
         flags = recs["flags"]
-        labels = np.full(len(recs), None, dtype=object)
+        codes = np.zeros(len(recs), dtype=np.int8)  # 0: NULL
         for name, label in UNWIND.items():
-            labels[status == _STATUS[name]] = label
+            codes[status == _STATUS[name]] = UNWIND_REASONS.index(label) + 1
         ok = status == CPU_OK
-        labels[ok & ((flags & CPU_F_FAULT) != 0)] = "frame_fault"
-        labels[ok & ((flags & CPU_F_TRUNCATED) != 0)] = "truncated"
-        return pa.array(labels.tolist(), type=pa.string())
+        codes[ok & ((flags & CPU_F_FAULT) != 0)] = UNWIND_REASONS.index("frame_fault") + 1
+        codes[ok & ((flags & CPU_F_TRUNCATED) != 0)] = UNWIND_REASONS.index("truncated") + 1
+        return pa.DictionaryArray.from_arrays(
+            pa.array(codes - 1, mask=codes == 0, type=pa.int8()), _UNWIND_DICT
+        )
