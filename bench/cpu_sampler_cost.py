@@ -23,7 +23,7 @@ thread's CPU per sample. From the Store: the bytes one sample costs in the
 database (cpu_samples, cpu_stacks, cpu_frames copied into a fresh file)
 and so the growth per thread-hour at the default 1 kHz. Needs root and bcc.
 
-    python bench/cpu_sampler_cost.py [--rounds 80] [--window-ms 50] [--idle-s 5]
+    python bench/cpu_sampler_cost.py [--rounds 80] [--window-ms 50] [--idle-s 5] [--hz 1000]
 """
 
 import argparse
@@ -84,13 +84,14 @@ print(json.dumps({"starts": starts, "durs": durs}), flush=True)
 class StoreSink(Sink):
     def __init__(self, store):
         self.store = store
-        self.losses = 0
+        self.losses = {}
 
     def append(self, table, columns):
         self.store.append(table, columns)
 
     def loss(self, probe, start_ns, end_ns, count, reason):
-        self.losses += count
+        key = reason.split(":")[0] if "ring full" in reason else reason.split(": ")[1][:40]
+        self.losses[key] = self.losses.get(key, 0) + count
         self.store.record_loss(probe, start_ns, end_ns, count, reason)
 
     def status(self, probe, backend, state, detail):
@@ -102,26 +103,51 @@ def prog_stats(probe):
     return st.get("run_cnt", 0), st.get("run_time_ns", 0)
 
 
-def table_bytes(db_path, tmp):
-    """Bytes of the CPU sampler's tables, copied alone into a fresh file."""
-    out = os.path.join(tmp, "only_cpu.duckdb")
-    con = duckdb.connect(out)
-    con.execute(f"ATTACH '{db_path}' AS s (READ_ONLY)")
-    sizes = {}
-    for t in ("cpu_samples", "cpu_stacks", "cpu_frames"):
-        con.execute(f"CREATE TABLE {t} AS SELECT * FROM s.{t}")
+def _file_bytes(path, fill):
+    con = duckdb.connect(path)
+    fill(con)
+    con.execute("CHECKPOINT")
+    con.close()
+    return os.path.getsize(path)
+
+
+def table_bytes(db_path, tmp, copies=100):
+    """(rows, {part: bytes}) of the CPU sampler's tables in fresh files: the
+    samples replicated `copies` times, shifted in time (DuckDB allocates
+    256 KiB blocks, so a few thousand rows say nothing), and the stacks and
+    frames once (they do not grow with samples of the same code)."""
+    empty = _file_bytes(os.path.join(tmp, "empty.duckdb"), lambda c: None)
+
+    def samples(con):
+        con.execute(f"ATTACH '{db_path}' AS s (READ_ONLY)")
+        span = con.execute(
+            "SELECT max(ts_ns) - min(ts_ns) + 1000000 FROM s.cpu_samples"
+        ).fetchone()[0]
+        con.execute(
+            "CREATE TABLE cpu_samples AS SELECT pid, tid, ts_ns + k * ? AS ts_ns, cpu, stack_id, "
+            "kernel_mode, unwind, stored_ns + k AS stored_ns FROM s.cpu_samples, range(?) t(k) "
+            "ORDER BY ts_ns",
+            [span, copies],
+        )
+        con.execute("DETACH s")
+
+    def dictionaries(con):
+        con.execute(f"ATTACH '{db_path}' AS s (READ_ONLY)")
+        for t in ("cpu_stacks", "cpu_frames"):
+            con.execute(f"CREATE TABLE {t} AS SELECT * FROM s.{t}")
+        con.execute("DETACH s")
+
+    con = duckdb.connect(db_path, read_only=True)
     n = {
         t: con.execute(f"SELECT count(*) FROM {t}").fetchone()[0]
         for t in ("cpu_samples", "cpu_stacks", "cpu_frames")
     }
-    con.execute("DETACH s")
-    con.execute("CHECKPOINT")
     con.close()
-    empty = os.path.join(tmp, "empty.duckdb")
-    c2 = duckdb.connect(empty)
-    c2.execute("CREATE TABLE x (a INTEGER)")
-    c2.close()
-    sizes["file"] = os.path.getsize(out) - os.path.getsize(empty)
+    sizes = {
+        "samples": _file_bytes(os.path.join(tmp, "samples.duckdb"), samples) - empty,
+        "dictionaries": _file_bytes(os.path.join(tmp, "dict.duckdb"), dictionaries) - empty,
+    }
+    n["replicated_samples"] = n["cpu_samples"] * copies
     return n, sizes
 
 
@@ -131,6 +157,7 @@ def main():
     ap.add_argument("--window-ms", type=float, default=50.0)
     ap.add_argument("--idle-s", type=float, default=5.0)
     ap.add_argument("--steady-s", type=float, default=5.0)
+    ap.add_argument("--hz", type=float, default=1000.0, help="cpu_sample_hz (default 1000)")
     args = ap.parse_args()
     why = BccCpuProbe.unavailable()
     if why:
@@ -142,7 +169,7 @@ def main():
     store = Store(db)
     store.start()
     sink = StoreSink(store)
-    probe = BccCpuProbe(ProbeSettings())
+    probe = BccCpuProbe(ProbeSettings(cpu_sample_hz=args.hz))
     stats_was = open("/proc/sys/kernel/bpf_stats_enabled").read().strip()
     subprocess.run(["sysctl", "-q", "kernel.bpf_stats_enabled=1"], check=True)
     sleeper = subprocess.Popen(["sleep", "3600"])
@@ -222,8 +249,8 @@ def main():
         sel = sorted(durs[k] for k in range(i, j) if starts[k] + durs[k] <= b)
         if len(sel) >= 10:
             per[(r, cond)] = (statistics.median(sel), sel[len(sel) // 10])
-    print(f"{args.rounds} rounds x {len(CONDITIONS)} conditions x {args.window_ms:g} ms, engine "
-          f"on CPU {cpus[-1]}, median step "
+    print(f"{args.rounds} rounds x {len(CONDITIONS)} conditions x {args.window_ms:g} ms at "
+          f"{args.hz:g} Hz, engine on CPU {cpus[-1]}, median step "
           f"{statistics.median(v[0] for v in per.values()) / 1e3:.0f} us")  # fmt: skip
     for cond in CONDITIONS[1:]:
         parts = []
@@ -237,13 +264,16 @@ def main():
     print(
         f"steady {steady_s:.1f} s: {samples} samples ({samples / steady_s:.0f}/s); reader CPU "
         f"{reader_ns / max(samples, 1) / 1e3:.1f} us per sample "
-        f"({100 * reader_ns / (steady_s * 1e9):.2f}% of a CPU); ring losses {sink.losses}"
+        f"({100 * reader_ns / (steady_s * 1e9):.2f}% of a CPU); losses {sink.losses}"
     )
     n, sizes = table_bytes(db, tmp)
-    per_sample = sizes["file"] / max(n["cpu_samples"], 1)
+    per_sample = sizes["samples"] / max(n["replicated_samples"], 1)
     print(
-        f"database: {n} rows, {sizes['file']} bytes in a fresh file = {per_sample:.1f} B per "
-        f"sample -> {per_sample * 3.6e6 / 2**20:.0f} MiB per thread-hour at 1 kHz on CPU"
+        f"database: cpu_samples {per_sample:.1f} B per sample ({n['replicated_samples']:,} rows: "
+        f"the {n['cpu_samples']:,} sampled, replicated) -> "
+        f"{per_sample * 3.6e3 * args.hz / 2**20:.0f} MiB per thread-hour on CPU at {args.hz:g} Hz; "
+        f"stacks and frames of this engine {sizes['dictionaries'] / 1024:.0f} KiB once "
+        f"({n['cpu_stacks']} stack rows, {n['cpu_frames']} frames)"
     )
 
 

@@ -200,6 +200,12 @@ def test_python_39_is_refused_clearly_and_sampled_natively(traced):
     )
     assert dict(rows).get("no_python", 0) > 300, rows
     assert set(dict(rows)) == {"no_python"}, rows
+    # each such sample is a known loss of Python frames, by reason
+    lost = daemon.scalar(
+        "SELECT sum(count) FROM losses WHERE probe = 'cpu' AND reason LIKE "
+        "'%no usable Python layout%'"
+    )
+    assert lost >= dict(rows)["no_python"], (lost, rows)
     py = daemon.scalar(
         "SELECT count(*) FROM cpu_samples s JOIN cpu_stacks USING (stack_id) "
         "JOIN cpu_frames f USING (frame_id) WHERE s.pid = ? AND f.kind = 'py'",

@@ -580,8 +580,8 @@ class BccCpuProbe(Probe):
         """Count the unwinder's failures of a batch (a dictionary array)."""
         if unwind.null_count == len(unwind):
             return  # every frame walked: the common case
-        codes = unwind.indices.to_numpy(zero_copy_only=False)
-        failed = unwind.indices.is_valid().to_numpy(zero_copy_only=False)
+        codes = unwind.indices.fill_null(-1).to_numpy(zero_copy_only=False)
+        failed = codes >= 0
         names = unwind.dictionary.to_pylist()
         for code in np.unique(codes[failed]).tolist():
             hit = failed & (codes == code)
