@@ -495,6 +495,9 @@ def verify(mem, layout):
         threads = thread_states(mem, layout, safe=True)
         frames = sys._current_frames()
         me = threading.get_ident()
+        # our own frame (this function's) would hold the dict that holds it:
+        # a reference cycle left to the engine's collector. Never keep it.
+        frames.pop(me, None)
         nthreads = nframes = 0
         parked_ok = False
         for native, ts, ident in threads:
@@ -516,6 +519,7 @@ def verify(mem, layout):
             raise ValueError("the parked thread's frames were not found")
         return nthreads, nframes
     finally:
+        frames = None  # other threads' frames: let them go now, by reference counting
         ev.set()
         parked.join()
 

@@ -78,6 +78,11 @@ def probe(request, tmp_path, monkeypatch):
     d = DaemonProcess(tmp_path).start()
     p = probe_client.connect(socket_path=d.socket, gc=False)
     assert p.connected
+    # The flusher's thread-state report makes its (few, lasting) objects once,
+    # right after connect: done before any window counts objects per step.
+    deadline = time.monotonic() + 10
+    while p.stats()["pythreads_status"] is None and time.monotonic() < deadline:
+        time.sleep(0.01)
     yield p
     p.close()
     d.stop()
@@ -172,6 +177,21 @@ def test_thread_state_listing_keeps_every_rule(tmp_path, gc_off, monkeypatch):
     finally:
         p.close()
         d.stop()
+
+
+def test_thread_state_report_leaves_no_cyclic_garbage(gc_off):
+    """The report's one-time set-up (layout checks, a parked thread, the
+    frames of every thread compared) and its listings leave nothing for the
+    engine's collector (it once kept its own frame in a dict of frames)."""
+    from probe_client import _pythreads
+
+    gc.collect()
+    rep = _pythreads.Reporter()
+    assert rep.ok, rep.intro.status
+    assert gc.collect() == 0
+    for _ in range(100):
+        rep.listing(lambda n: bytes(32))
+    assert gc.collect() == 0
 
 
 def test_gc_callback_retains_nothing(tmp_path, gc_off):
