@@ -274,6 +274,13 @@ class RingReader:
             return np.empty(0, dtype=self.dtype)
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
+    def fill(self):
+        """The fraction of the ring holding unread records (0..1), from the two
+        positions alone: cheap enough to ask every tick."""
+        cons = struct.unpack_from("<Q", self._cons, 0)[0]
+        prod = struct.unpack_from("<Q", self._prod, 0)[0]
+        return min(prod - cons, self._size) / self._size
+
     def _read_once(self):
         cons = struct.unpack_from("<Q", self._cons, 0)[0]
         prod = struct.unpack_from("<Q", self._prod, 0)[0]

@@ -20,6 +20,7 @@ import threading
 import time
 
 from stallscope import probes as probe_registry
+from stallscope import threads
 from stallscope.errors import ConfigError
 from stallscope.ingest.listener import Ingest
 from stallscope.ingest.sockets import prepare_path
@@ -27,12 +28,13 @@ from stallscope.probes import bpf_common
 from stallscope.probes.base import ProbeSettings, Sink
 from stallscope.service.deep import DeepWindows
 from stallscope.service.export import DaemonExports
+from stallscope.service.placement import Placement
 from stallscope.service.selfstats import SelfStats
 from stallscope.service.systemd import endpoint
 from stallscope.service.systemd import reload as config_reload
 from stallscope.service.watch import PidWatcher
 from stallscope.store.coverage import Coverage
-from stallscope.store.database import DB_UMASK, Store
+from stallscope.store.database import DB_UMASK, DEFAULT_MAX_BACKLOG_ROWS, Store
 from stallscope.store.retention import Retention
 from stallscope.store.step_fill import StepFiller
 from stallscope.vocab.log_channels import log_channel
@@ -50,10 +52,12 @@ DECODE_INTERVAL_S = 0.25
 # cadence used to do this: it added up to 20 ms to every event and woke 50
 # times a second whether or not anything came (bench/results/api.md).
 LIVE_DECODE_INTERVAL_S = 0.005
-# Rows queued for the database beyond which ingest stops reading sockets for
-# a moment: clients then see full sockets and count drops, and the daemon's
-# memory stays bounded instead of growing with a backlog.
-MAX_PENDING_ROWS = 250_000
+# Ingest stops reading sockets for a moment while the rows queued for the
+# database pass this share of the store's backlog bound (daemon.max_backlog_rows)
+# and the writer can be raised to normal priority to catch up: clients then
+# see full sockets and count drops (reported as gaps), the probes' rows keep
+# their room below the bound, and memory stays bounded.
+INGEST_PAUSE_SHARE = 0.5
 # Records read but not yet decoded beyond which decoding does not wait for
 # the interval: the raw bytes were outside the bound above, and under a flood
 # ~10 selector rounds (1.3 M records, ~500 MB once decoded and queued) used to
@@ -65,6 +69,9 @@ IDLE_TICK_S = 0.5
 LIGHT_ROUND_DATAGRAMS = 8
 LIGHT_ROUND_GAP_S = 0.05
 TICK_S = 0.1
+# Threads that registered no role (DuckDB's, Arrow's, gRPC's) are moved to
+# idle priority this often (stallscope.threads.sweep).
+SWEEP_S = 1.0
 # Kernel-cause probes (docs/kernel-causes.md), started after sched and gpu;
 # `kernel_causes = none` leaves them off.
 KERNEL_CAUSE_PROBES = ("page_faults", "irq", "steal", "syscalls")
@@ -125,6 +132,9 @@ class Daemon:
         step_fill_interval_s=10.0,
         metrics_listen=None,
         metrics_max_label_values=32,
+        max_backlog_rows=DEFAULT_MAX_BACKLOG_ROWS,
+        duckdb_threads=1,
+        keep_off_engine_cpus=True,
     ):
         self.settings = settings or ProbeSettings()
         limit_allocator_caches()
@@ -133,7 +143,16 @@ class Daemon:
         os.umask(os.umask(DB_UMASK) | DB_UMASK)
         if (config or {}).get("export.after_retention") and not config.get("export.parquet_dir"):
             raise ConfigError("export.after_retention needs export.parquet_dir (--export-dir DIR)")
-        self.store = Store(db_path, flush_interval_s=flush_interval_s)
+        # The main thread keeps pace with the clients (the probe socket); all
+        # work that can wait runs on background threads (stallscope.threads).
+        threads.paced("main")
+        self.store = Store(
+            db_path,
+            flush_interval_s=flush_interval_s,
+            max_backlog_rows=max_backlog_rows,
+            duckdb_threads=duckdb_threads,
+        )
+        self.placement = Placement(enabled=keep_off_engine_cpus)
         self.sink = StoreSink(self.store)
         self.coverage = Coverage(self.store)
         self.selfstats = SelfStats(self.store)
@@ -423,8 +442,15 @@ class Daemon:
         if self.notify:
             self.notify.ready(self)
         last_decode = last_tick = time.monotonic()
+        last_sweep = 0.0
         while not self._stop.is_set():
-            if self.store.pending_rows > MAX_PENDING_ROWS:
+            if self.store.backlog() > INGEST_PAUSE_SHARE and not threads.boost_refused():
+                # Push back on the clients while the writer, raised to normal
+                # priority, catches up. A writer that cannot be raised may not
+                # catch up before clients exit with full sockets (their tails
+                # would go unreported): then ingest reads on and the store's
+                # bound drops what does not fit, counted per run.
+                threads.check_backlogs()
                 self._stop.wait(0.01)
                 continue
             live = self.api is not None and self.api.live_subscribers() > 0
@@ -452,6 +478,11 @@ class Daemon:
                 last_tick = now
                 self.deep.tick()
                 self.watcher.tick()
+                threads.check_backlogs()
+                if now >= last_sweep + SWEEP_S:
+                    last_sweep = now
+                    threads.sweep()
+                self.placement.tick(self.tracked_pids)
                 self.selfstats.tick(self.tracked_pids)
                 if self._reload.is_set():
                     self._reload.clear()

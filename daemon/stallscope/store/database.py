@@ -28,7 +28,9 @@ import time
 import duckdb
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
+from stallscope import threads
 from stallscope.store.migrations import apply_schema, stored_tables
 from stallscope.store.recovery import LOSS_SQL, Recovery, transient
 from stallscope.vocab.log_channels import log_channel
@@ -105,6 +107,42 @@ DB_UMASK = 0o027
 DB_MODE = 0o640
 
 
+# Tables never dropped at the bound: they are the record of what was lost.
+_NEVER_DROPPED = frozenset({"losses", "probe_status", "ingest_errors"})
+DEFAULT_MAX_BACKLOG_ROWS = 500_000
+
+
+def _time_range(batch):
+    """(first, last) time of a batch's rows, from its first time column."""
+    for name in ("start_ns", "ts_ns"):
+        if name in batch.column_names:
+            col = batch[name]
+            lo, hi = pc.min(col).as_py(), pc.max(col).as_py()
+            if lo is not None:
+                return int(lo), int(hi)
+    now = time.monotonic_ns()
+    return now, now
+
+
+def _from_background_thread(fn):
+    """fn() on a short-lived background thread (what it starts inherits its
+    SCHED_IDLE), waited for."""
+    errors = []
+
+    def run():
+        threads.background("store-setup")
+        try:
+            fn()
+        except Exception as exc:
+            errors.append(exc)
+
+    t = threading.Thread(target=run, name="store-setup")
+    t.start()
+    t.join()
+    if errors:
+        raise errors[0]
+
+
 def _restrict(path):
     """Mode 0640 for a database file the daemon opens."""
     try:
@@ -117,7 +155,14 @@ class Store(Recovery):
     """The daemon's one writable connection to the database file."""
 
     def __init__(
-        self, path, flush_interval_s=0.5, memory_limit="128MB", sandbox=True, flush_rows=50_000
+        self,
+        path,
+        flush_interval_s=0.5,
+        memory_limit="128MB",
+        sandbox=True,
+        flush_rows=50_000,
+        max_backlog_rows=DEFAULT_MAX_BACKLOG_ROWS,
+        duckdb_threads=1,
     ):
         self.path = str(path)
         parent = os.path.dirname(os.path.abspath(self.path))
@@ -127,17 +172,34 @@ class Store(Recovery):
         os.makedirs(parent, mode=0o750, exist_ok=True)
         # DuckDB's buffer pool defaults to 80% of RAM; a tracing daemon on a
         # serving host must stay small (measured in bench/ingest_throughput.py).
-        self._config = {"memory_limit": memory_limit}
+        # threads = 1 and no async I/O threads: DuckDB starts no thread of its
+        # own (it would start 8 I/O threads by default), so every query runs
+        # on the thread that asks (background ones: the writer, the step
+        # fill, retention, the API's query pool). More workers are started
+        # by a background thread, whose SCHED_IDLE they inherit.
+        self._config = {"memory_limit": memory_limit, "threads": 1, "async_threads": 0}
         if sandbox:
             self._config.update(SANDBOX_CONFIG)
         self.con = duckdb.connect(self.path, config=self._config)
         _restrict(self.path)
         apply_schema(self.con)
+        self.duckdb_threads = max(1, int(duckdb_threads))
+        if self.duckdb_threads > 1:
+            _from_background_thread(
+                lambda: self.con.execute(f"SET threads = {self.duckdb_threads}")
+            )
         if sandbox:
             self.con.execute("SET lock_configuration = true")
         self.sandboxed = sandbox
         self.flush_interval_s = flush_interval_s
         self.flush_rows = flush_rows
+        # Rows queued beyond this are dropped, each batch counted as a loss
+        # ('daemon_backlog'): the writer runs at idle priority and a host
+        # whose CPUs are all busy can starve it; memory stays bounded and
+        # nothing is lost unreported.
+        self.max_backlog_rows = int(max_backlog_rows)
+        self.rows_dropped = 0
+        self._dropped = {}  # (table, run_id) -> [rows, first, last time] not yet recorded
         self._lock = threading.Lock()
         self._tables = {}  # table -> list of pa.Table waiting
         self.pending_rows = 0  # rows queued and not yet written
@@ -182,6 +244,12 @@ class Store(Recovery):
         if batch.num_rows == 0:
             return
         with self._lock:
+            if (
+                self.pending_rows + batch.num_rows > self.max_backlog_rows
+                and table not in _NEVER_DROPPED
+            ):
+                self._drop(table, batch)
+                return
             self._tables.setdefault(table, []).append(batch)
             self.pending_rows += batch.num_rows
             self._queued()
@@ -190,6 +258,31 @@ class Store(Recovery):
                 listener(table, batch)
             except Exception:
                 log.exception("store listener failed")
+
+    def _drop(self, table, batch):
+        """Count a batch past the backlog bound (lock held); its loss rows are
+        written with the next flush, per run where the rows name one (so a
+        run's stored and lost records still add up to what its client made)."""
+        if "run_id" in batch.column_names:
+            parts = [
+                (run_id, batch.filter(pc.equal(batch["run_id"], run_id)))
+                for run_id in pc.unique(batch["run_id"]).to_pylist()
+                if run_id is not None
+            ]
+        else:
+            parts = [(None, batch)]
+        for run_id, part in parts:
+            lo, hi = _time_range(part)
+            entry = self._dropped.setdefault((table, run_id), [0, lo, hi])
+            entry[0] += part.num_rows
+            entry[1] = min(entry[1], lo)
+            entry[2] = max(entry[2], hi)
+        self.rows_dropped += batch.num_rows
+        self._queued()
+
+    def backlog(self):
+        """The fraction of the backlog bound in use (the writer's gauge)."""
+        return self.pending_rows / max(1, self.max_backlog_rows)
 
     def sql(self, statement, params=None):
         """Queue a bookkeeping statement for the next flush's transaction."""
@@ -256,6 +349,7 @@ class Store(Recovery):
         self._thread.start()
 
     def _run(self):
+        threads.background("store", backlog=self.backlog)
         while not self._stop.is_set():
             with self._lock:
                 # Asleep while nothing is queued; then until the oldest write
@@ -290,6 +384,16 @@ class Store(Recovery):
                 tables, self._tables = self._tables, {}
                 statements, self._statements = self._statements + hooked, []
                 self._oldest = None
+                dropped, self._dropped = self._dropped, {}
+            for (table, run_id), (rows, lo, hi) in dropped.items():
+                statements.append((LOSS_SQL, [run_id, table, lo, hi, rows, "daemon_backlog"]))
+                log.warning(
+                    "dropped %d %s rows past the backlog bound (daemon.max_backlog_rows = %d): "
+                    "the writer could not keep up (recorded in losses, reason daemon_backlog)",
+                    rows,
+                    table,
+                    self.max_backlog_rows,
+                )
             if not tables and not statements:
                 return 0
             queued = sum(b.num_rows for bs in tables.values() for b in bs)

@@ -28,6 +28,7 @@ import os
 import threading
 import time
 
+from stallscope import threads
 from stallscope.vocab.log_channels import log_channel
 from stallscope.vocab.schema import CPU_STACK_EPOCH_NS
 
@@ -142,6 +143,7 @@ class Retention:
             self._thread.join(timeout=30)
 
     def _run(self):
+        threads.background("retention")
         while not self._stop.is_set():
             try:
                 self.check()

@@ -22,6 +22,7 @@ import time
 
 import pyarrow as pa
 
+from stallscope import threads
 from stallscope.vocab.log_channels import log_channel
 
 log = logging.getLogger(log_channel(__name__))
@@ -159,6 +160,7 @@ class StepFiller:
             self._thread.join(timeout=30)
 
     def _run(self):
+        threads.background("step-fill")
         wait_s = self.interval_s
         while not self._stop.wait(wait_s):
             try:
