@@ -20,7 +20,8 @@ without an accepted layout (no report yet, an interpreter the table lacks,
 a refused report) is sampled with its native leaf only. No task_struct field
 is read anywhere.
 
-One reader thread (`threads.background("cpu-sampler")`) drains both rings
+One reader thread (`threads.background("cpu-sampler")`, raised to normal
+priority while its ring is more than half full) drains both rings
 through mmap in batches (`bpf_common.RingReader`), samples first, then
 symbols (the program commits a sample's symbols before the sample), and
 turns them into `cpu_samples` / `cpu_stacks` / `cpu_frames` rows
@@ -203,7 +204,6 @@ class BccCpuProbe(Probe):
         self._unwind_total = dict.fromkeys(UNWIND_LOSSES, 0)
         self._last_sweep = time.monotonic()
         self._reader_cpu_ns = 0
-        self._boosted = False
         self.refusals = {}  # pid -> why its Python frames are off
 
     # ----- lifecycle ---------------------------------------------------------------------
@@ -525,10 +525,12 @@ class BccCpuProbe(Probe):
 
     # ----- reading -----------------------------------------------------------------------------
     def _reader(self):
-        daemon_threads.background("cpu-sampler")
+        ring = self._ring
+        # A ring more than half full raises the reader to normal priority
+        # until it is drained (threads.check_backlogs, from the main loop).
+        daemon_threads.background("cpu-sampler", backlog=ring.fill)
         t_cpu = time.thread_time_ns()
         cadence = bpf_common.Cadence(self.poll_s, batch_records=32)
-        half = (self.ring_pages * bpf_common.PAGE_SIZE) // (2 * self.record_bytes)
         wait_s = self.poll_s
         while not self._stop.wait(wait_s):
             if not self._attached:
@@ -538,14 +540,7 @@ class BccCpuProbe(Probe):
                 if self._stop.is_set():
                     break
             try:
-                n = self.drain()
-                wait_s = cadence.next(n)
-                # Behind (a ring half full): catch up at normal priority.
-                if n >= half and not self._boosted:
-                    self._boosted = daemon_threads.boost()
-                elif n < half // 4 and self._boosted:
-                    daemon_threads.unboost()
-                    self._boosted = False
+                wait_s = cadence.next(self.drain())
                 if time.monotonic() - self._last_sweep >= SWEEP_INTERVAL_S:
                     self.sweep()
             except Exception:  # a failing sink must not kill the reader
