@@ -75,8 +75,8 @@ def test_only_cap_bpf_and_cap_perfmon(request):
     os.chown(folder, NOBODY, NOBODY)
     request.addfinalizer(lambda: shutil.rmtree(folder, ignore_errors=True))
     daemon = CapsDaemon(folder, sched_backend=None, extra_args=["--cpu-sampler"])
-    daemon.start(timeout_s=120)
     hidden = pythons.pyenv_python("3.12.") or pythons.pyenv_python("3.13.")
+    daemon.start(timeout_s=120)
     try:
         caps = _caps_of(daemon.proc.pid)
         own = _engine(daemon.socket, PYTHON, as_nobody=True)
