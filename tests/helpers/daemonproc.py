@@ -5,7 +5,9 @@ from stallscope.demo.child import DaemonChild
 
 class DaemonProcess(DaemonChild):
     """Socket, database and log in `tmp_path`; no GPU probe; the scheduling
-    backend `sched_backend` ("none" unless given); `extra_args` appended."""
+    backend `sched_backend` ("none" unless given); no CPU sampler unless
+    `extra_args` holds --cpu-sampler (it needs root and takes ~3 s to load);
+    `extra_args` appended."""
 
     def __init__(self, tmp_path, sched_backend="none", extra_args=(), preamble=None):
         super().__init__(
@@ -26,4 +28,6 @@ class DaemonProcess(DaemonChild):
             # no kernel probes at all unless a test asks (they need root and
             # take ~1 s to load)
             args += ["--no-kernel-causes"]
+        if "--cpu-sampler" not in self.extra_args:
+            args += ["--no-cpu-sampler"]
         return args + self.extra_args

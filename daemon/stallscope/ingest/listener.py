@@ -22,6 +22,7 @@ from collections import Counter
 from probe_client import wire
 from stallscope.errors import ConfigError, ServiceError
 from stallscope.ingest.census import CensusIngest
+from stallscope.ingest.pystate import PyStateIngest
 from stallscope.ingest.ratelog import RateLimitedLog
 from stallscope.ingest.records import RecordDecoder
 from stallscope.ingest.runs import RunRegistry
@@ -51,7 +52,7 @@ _U64 = struct.Struct("<Q")
 
 
 class Connection:
-    __slots__ = ("sock", "pid", "uid", "gid", "run", "closing")
+    __slots__ = ("sock", "pid", "uid", "gid", "run", "closing", "hello", "pylayout")
 
     def __init__(self, sock, pid, uid, gid):
         self.sock = sock
@@ -60,9 +61,11 @@ class Connection:
         self.gid = gid
         self.run = None
         self.closing = False
+        self.hello = None  # what the HELLO claimed that later datagrams are checked against
+        self.pylayout = False  # a PYLAYOUT of this connection was accepted
 
 
-class Ingest(RunRegistry, RecordDecoder, CensusIngest):
+class Ingest(RunRegistry, RecordDecoder, CensusIngest, PyStateIngest):
     """The probe socket and everything that comes through it."""
 
     def __init__(
@@ -78,6 +81,9 @@ class Ingest(RunRegistry, RecordDecoder, CensusIngest):
         on_run_end=None,
         on_watch=None,
         on_step_threads=None,
+        on_pylayout=None,
+        on_pythreads=None,
+        proc_root="/proc",
     ):
         self.store = store
         self.socket_path = socket_path
@@ -93,6 +99,12 @@ class Ingest(RunRegistry, RecordDecoder, CensusIngest):
         self.on_watch = on_watch
         # on_step_threads(pid, tids): threads seen emitting spans for the first time.
         self.on_step_threads = on_step_threads
+        # The CPU sampler's report (pystate.py): on_pylayout(pid, run_id, info)
+        # returns None (accepted) or why not; on_pythreads(pid, run_id,
+        # [(tid, tstate)], more) gets the threads that are the peer's own.
+        self.on_pylayout = on_pylayout
+        self.on_pythreads = on_pythreads
+        self.proc_root = proc_root
         self.selector = selectors.DefaultSelector()
         self.conns = {}  # fd -> Connection
         self.runs = {}  # run_id -> RunState (what decode_pending walks)
@@ -274,6 +286,12 @@ class Ingest(RunRegistry, RecordDecoder, CensusIngest):
                 return self._reject(None, conn.pid, "no_hello")
             handle = self._event if kind == wire.DGRAM_EVENT else self._census
             return handle(run, data, conn.pid)
+        if kind in (wire.DGRAM_PYLAYOUT, wire.DGRAM_PYTHREADS) and version >= 3:
+            if run is None:
+                return self._reject(None, conn.pid, "no_hello")
+            if kind == wire.DGRAM_PYLAYOUT:
+                return self._pylayout(conn, data)
+            return self._pythreads(conn, data, count, rsize)
         if kind != wire.DGRAM_RECORDS:
             return self._reject(run_id, conn.pid, "bad_kind")
         if run is None:

@@ -79,6 +79,8 @@ SWEEP_S = 1.0
 # Kernel-cause probes (docs/kernel-causes.md), started after sched and gpu;
 # `kernel_causes = none` leaves them off.
 KERNEL_CAUSE_PROBES = ("page_faults", "irq", "steal", "syscalls")
+# The CPU sampler (docs/cpu-sampler.md), last; `cpu_sampler = false` leaves it off.
+CPU_PROBE = "cpu"
 
 
 def limit_allocator_caches():
@@ -197,6 +199,9 @@ class Daemon:
                 socket_group=group,
                 on_watch=self.watcher.request,
                 on_step_threads=self._step_threads,
+                on_pylayout=self._pylayout,
+                on_pythreads=self._pythreads,
+                proc_root=self.settings.proc_root,
             )
         except BaseException:
             # e.g. the socket is in use by another daemon: release the probes
@@ -226,7 +231,9 @@ class Daemon:
     def _start_probes(self, sched_backend, gpu_backend):
         causes = None if self.settings.kernel_causes else "none"
         wanted = [("sched", sched_backend), ("gpu", gpu_backend)]
-        for name, prefer in wanted + [(n, causes) for n in KERNEL_CAUSE_PROBES]:
+        wanted += [(n, causes) for n in KERNEL_CAUSE_PROBES]
+        wanted.append((CPU_PROBE, None if self.settings.cpu_sampler else "none"))
+        for name, prefer in wanted:
             if prefer == "none":
                 self.store.record_probe_status(
                     name, None, "unavailable", "disabled by configuration"
@@ -295,6 +302,31 @@ class Daemon:
                 log.warning(
                     "%s probe could not keep pid %d's step threads: %s", probe.name, pid, exc
                 )
+
+    def _probe(self, name):
+        return next((p for p in self.probes if p.name == name), None)
+
+    def _pylayout(self, pid, run_id, info):
+        """A client's interpreter layout (ingest/pystate.py): None when the
+        CPU sampler took it (or there is none to take it), else why not."""
+        probe = self._probe(CPU_PROBE)
+        if probe is None:
+            return None
+        try:
+            return probe.accept_layout(pid, run_id, info)
+        except Exception as exc:
+            log.warning("cpu probe could not take pid %d's layout: %s", pid, exc)
+            return f"{type(exc).__name__}: {exc}"
+
+    def _pythreads(self, pid, run_id, threads, more):
+        """A client's (tid, thread state) list, the peer's own threads only."""
+        probe = self._probe(CPU_PROBE)
+        if probe is None:
+            return
+        try:
+            probe.set_threads(pid, run_id, threads, more)
+        except Exception as exc:
+            log.warning("cpu probe could not take pid %d's threads: %s", pid, exc)
 
     def track_external(self, pid, run_id, followed_ns):
         """A process followed with no client (service/watch.py): the other
