@@ -30,6 +30,10 @@ CHECKED_ENV = "STALLSCOPE_RUN_CHECKED"  # the wrapper already said whether a dae
 VERBOSE_ENV = "STALLSCOPE_VERBOSE"
 PARENT_ENV = "_STALLSCOPE_PARENT"  # "PID:LABEL" of the traced process that started us
 SPEC_ERRORS_ENV = "_STALLSCOPE_SPEC_ERRORS"  # bad TOML entries the wrapper found, one a line
+# A spec's `role` (plain text, not an EXPR: "engine core", "worker") is no
+# attach() keyword: once its target is attached, the process reports it as a
+# `role` run event.
+ROLE_KEY = "role"
 EXPR_KEYWORDS = (
     "stage",
     "batch",
@@ -170,13 +174,18 @@ class Hooks:
             self._attach(spec, module)
 
     def _attach(self, spec, module):
+        keywords = dict(spec.keywords)
+        role = keywords.pop(ROLE_KEY, None)
         try:
-            wrapper = self.probe.attach(module, spec.path, kind=spec.kind, **spec.keywords)
+            wrapper = self.probe.attach(module, spec.path, kind=spec.kind, **keywords)
         except Exception as exc:
             self.report("attach_failed", spec.text, _why(exc, spec))
             return
         self.attached.append((spec, wrapper))
         self.report("attached", spec.text, f"attached to {spec.target} as {spec.kind!r}")
+        if role:
+            # the process's part in its run group (the report's group section)
+            self.report("role", "", role.strip()[:40])
 
     def never_imported(self):
         """At exit: the specs whose module this process never imported."""

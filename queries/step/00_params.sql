@@ -41,4 +41,8 @@ SELECT
     -- lock wait that follows it when the thread blocks again within this
     -- long (nanoseconds): a GIL waiter times out every switch interval,
     -- runs a few microseconds, and waits again until the holder wakes it.
-    coalesce(getvariable('step_lock_chain_gap_ns'), 50000)::BIGINT      AS lock_chain_gap_ns;
+    coalesce(getvariable('step_lock_chain_gap_ns'), 50000)::BIGINT      AS lock_chain_gap_ns,
+    -- A step waited for a span of another process of its run group (a
+    -- peer span: step_peer) when that span started inside the step and the
+    -- step ended at most this long after it ended (nanoseconds).
+    coalesce(getvariable('step_peer_end_gap_ns'), 1000000)::BIGINT      AS peer_end_gap_ns;
