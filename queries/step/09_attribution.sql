@@ -157,25 +157,27 @@ cov_run AS (   -- which probes ever covered each run
     FROM gcov s CROSS JOIN gb b
     JOIN gj p ON p.group_key = s.group_key AND p.run_id <> s.run_id
              AND p.start_ns // b.bucket_ns = s.bucket
-             AND p.start_ns >= s.start_ns AND p.start_ns < s.end_ns
+             AND p.start_ns > s.start_ns AND p.start_ns < s.end_ns
     WHERE p.end_ns <= s.end_ns
-), pt AS (     -- per step and peer thread: matched when its last such span ended
-               -- within peer_end_gap_ns of the step's end (the step waited for it)
-    SELECT run_id, tid, step_idx, p_run_id, p_tid,
+), pt AS (     -- per step and peer thread (a rank): its spans inside the step
+    SELECT run_id, tid, step_idx, p_run_id, p_tid, any_value(s_end_ns) AS s_end_ns,
+        any_value(peer_end_gap_ns) AS peer_end_gap_ns,
         max(p_end_ns) AS last_end_ns,
         sum(p_end_ns - p_start_ns) AS overlap_ns,
         coalesce(sum(greatest(p_excess_ns, 0)) FILTER (p_slow), 0) AS slow_excess_ns,
         -- the peer span: its slow span with the most excess, else its last
         arg_max(p_step_idx, (p_slow, CASE WHEN p_slow THEN p_excess_ns ELSE 0 END, p_end_ns)) AS p_step_idx
-    FROM pp GROUP BY ALL
-    HAVING any_value(s_end_ns) - max(p_end_ns) <= any_value(peer_end_gap_ns)
-), pl AS (     -- per step: the late peer (the one that finished last), and by how much
+    FROM pp GROUP BY run_id, tid, step_idx, p_run_id, p_tid
+), pl AS (     -- per step: the late peer (the one that finished last), and by how
+               -- much; the step waited for it when it ended within
+               -- peer_end_gap_ns of the step's end
     SELECT run_id, tid, step_idx, count(*) AS peers,
         arg_max({'run_id': p_run_id, 'tid': p_tid, 'step_idx': p_step_idx, 'overlap_ns': overlap_ns,
                  'excess_ns': slow_excess_ns}, (last_end_ns, p_run_id, p_tid)) AS late,
         CASE WHEN count(*) > 1 THEN max(last_end_ns) - list_sort(list(last_end_ns), 'DESC')[2] END
             AS peer_late_ns
     FROM pt GROUP BY ALL
+    HAVING any_value(s_end_ns) - max(last_end_ns) <= any_value(peer_end_gap_ns)
 ), o2 AS (     -- the matched peer's time: the step waited inside the late peer's
                -- span while that span ran over its own baseline (slept or spun);
                -- it goes before the later waits, which give up the same share

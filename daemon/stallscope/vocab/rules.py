@@ -32,6 +32,10 @@ OFF_CPU_CAUSES = ("gc", "peer", "lock", "runqueue", "throttled", "preemption", "
 ON_CPU_CAUSES = ("irq", "steal", "page_fault", "syscall", "migration", "submit", "gpu_clock")
 CAUSES = OFF_CPU_CAUSES + ON_CPU_CAUSES + ("uncovered", "unexplained")
 
+# How a step waited for its peer (step_attribution.peer_wait): off CPU, or
+# on CPU polling (vLLM's engine core spins on a shared-memory queue).
+PEER_WAITS = ("slept", "spun")
+
 # The step_attribution column that sizes each cause's component (ns).
 CAUSE_COLUMNS = {
     "gc": "gc_ns",
