@@ -15,9 +15,11 @@ into the engine or runs on its hot path; the hook only looks at module
 names until one of ours is imported. Standard library only.
 """
 
+import functools
 import os
 import sys
 import threading
+import types
 
 from . import _expr, _gcknobs, _specs
 from ._probe import Probe
@@ -184,8 +186,32 @@ class Hooks:
         self.attached.append((spec, wrapper))
         self.report("attached", spec.text, f"attached to {spec.target} as {spec.kind!r}")
         if role:
-            # the process's part in its run group (the report's group section)
-            self.report("role", "", role.strip()[:40])
+            self._role_on_first_call(module, spec, wrapper, role.strip()[:40])
+
+    def _role_on_first_call(self, module, spec, wrapper, role):
+        """Report `role` (the process's part in its run group) when the
+        wrapped method first runs in this process: every process of an
+        engine imports the module, only one plays the part. A one-shot shim
+        stands in for the wrapper until that call and puts the wrapper back,
+        so later calls cost nothing more."""
+        owner = module
+        *outer, name = spec.path.split(".")
+        for part in outer:
+            owner = getattr(owner, part, None)
+        if not isinstance(owner, type) or owner.__dict__.get(name) is not wrapper:
+            return
+        if not isinstance(wrapper, types.FunctionType):
+            return
+        hooks = self
+
+        @functools.wraps(wrapper)
+        def first_call(*args, **kwargs):
+            if owner.__dict__.get(name) is first_call:
+                setattr(owner, name, wrapper)
+                hooks.report("role", "", role)
+            return wrapper(*args, **kwargs)
+
+        setattr(owner, name, first_call)
 
     def never_imported(self):
         """At exit: the specs whose module this process never imported."""
