@@ -96,7 +96,7 @@ cov_run AS (   -- which probes ever covered each run
         greatest(coalesce(greatest(f.submit_ns - f.submit_baseline_ns, 0), 0)
                  - coalesce(c.gc_in_submit_ns, 0) - coalesce(c.offcpu_in_submit_ns, 0), 0) AS submit_raw_ns,
         NOT f.idle AND f.duration_ns > p.slow_factor * f.baseline_ns AS slow,
-        p.cause_min_share, p.migration_cost_ns, p.peer_end_gap_ns,
+        p.cause_min_share, p.migration_cost_ns, p.peer_end_gap_ns, p.peer_end_gap_share,
         -- coverage: sched counts as covering a run that has no sched coverage row
         coalesce(cs.sched, false) OR NOT coalesce(cr.sched, false) AS sched_cov,
         coalesce(cs.syscalls, false) AS syscalls_cov,
@@ -142,7 +142,7 @@ cov_run AS (   -- which probes ever covered each run
     QUALIFY count(*) OVER (PARTITION BY group_key) > 1
 ), gj AS MATERIALIZED (  -- their steps
     SELECT j.run_id, j.tid, j.step_idx, j.start_ns, j.end_ns, j.slow, j.excess_ns, j.peer_end_gap_ns,
-           g.group_key
+           j.peer_end_gap_share, g.group_key
     FROM j JOIN grp g USING (run_id)
 ), gb AS (     -- bucket size of the join (only a join device)
     SELECT greatest(coalesce(avg(end_ns - start_ns), 0)::BIGINT, 1000000) AS bucket_ns FROM gj
@@ -151,7 +151,7 @@ cov_run AS (   -- which probes ever covered each run
                               greatest(gj.end_ns - 1, gj.start_ns) // b.bucket_ns + 1)) AS bucket
     FROM gj CROSS JOIN gb b
 ), pp AS (     -- steps of another run of the group that start inside the step and end by its end
-    SELECT s.run_id, s.tid, s.step_idx, s.end_ns AS s_end_ns, s.peer_end_gap_ns,
+    SELECT s.run_id, s.tid, s.step_idx, s.end_ns AS s_end_ns, s.peer_end_gap_ns, s.peer_end_gap_share,
            p.run_id AS p_run_id, p.tid AS p_tid, p.step_idx AS p_step_idx,
            p.start_ns AS p_start_ns, p.end_ns AS p_end_ns, p.slow AS p_slow, p.excess_ns AS p_excess_ns
     FROM gcov s CROSS JOIN gb b
@@ -161,7 +161,7 @@ cov_run AS (   -- which probes ever covered each run
     WHERE p.end_ns <= s.end_ns
 ), pt AS (     -- per step and peer thread (a rank): its spans inside the step
     SELECT run_id, tid, step_idx, p_run_id, p_tid, any_value(s_end_ns) AS s_end_ns,
-        any_value(peer_end_gap_ns) AS peer_end_gap_ns,
+        any_value(peer_end_gap_ns) AS peer_end_gap_ns, any_value(peer_end_gap_share) AS peer_end_gap_share,
         max(p_end_ns) AS last_end_ns,
         sum(p_end_ns - p_start_ns) AS overlap_ns,
         coalesce(sum(greatest(p_excess_ns, 0)) FILTER (p_slow), 0) AS slow_excess_ns,
@@ -170,14 +170,15 @@ cov_run AS (   -- which probes ever covered each run
     FROM pp GROUP BY run_id, tid, step_idx, p_run_id, p_tid
 ), pl AS (     -- per step: the late peer (the one that finished last), and by how
                -- much; the step waited for it when it ended within
-               -- peer_end_gap_ns of the step's end
+               -- peer_end_gap_ns (+ peer_end_gap_share of its time) of the step's end
     SELECT run_id, tid, step_idx, count(*) AS peers,
         arg_max({'run_id': p_run_id, 'tid': p_tid, 'step_idx': p_step_idx, 'overlap_ns': overlap_ns,
                  'excess_ns': slow_excess_ns}, (last_end_ns, p_run_id, p_tid)) AS late,
         CASE WHEN count(*) > 1 THEN max(last_end_ns) - list_sort(list(last_end_ns), 'DESC')[2] END
             AS peer_late_ns
     FROM pt GROUP BY ALL
-    HAVING any_value(s_end_ns) - max(last_end_ns) <= any_value(peer_end_gap_ns)
+    HAVING any_value(s_end_ns) - max(last_end_ns)
+           <= any_value(peer_end_gap_ns) + any_value(peer_end_gap_share) * arg_max(overlap_ns, last_end_ns)
 ), o2 AS (     -- the matched peer's time: the step waited inside the late peer's
                -- span while that span ran over its own baseline (slept or spun);
                -- it goes before the later waits, which give up the same share
