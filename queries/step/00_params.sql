@@ -47,6 +47,7 @@ SELECT
     -- step and the step ended at most peer_end_gap_ns (nanoseconds) plus
     -- peer_end_gap_share (0..1) of the peer's time inside the step after
     -- it ended: a poller that waited long backs off (vLLM's shared-memory
-    -- queue sleeps between polls), so it notices a long peer span's end later.
+    -- queue sleeps between polls) or loses its CPU meanwhile, so it notices
+    -- a long peer span's end later.
     coalesce(getvariable('step_peer_end_gap_ns'), 1000000)::BIGINT      AS peer_end_gap_ns,
-    coalesce(getvariable('step_peer_end_gap_share'), 0.02)::DOUBLE      AS peer_end_gap_share;
+    coalesce(getvariable('step_peer_end_gap_share'), 0.1)::DOUBLE       AS peer_end_gap_share;

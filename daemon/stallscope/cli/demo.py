@@ -1,4 +1,4 @@
-"""`stallscope demo`: a daemon, a serving engine (built-in or transformers), the report.
+"""`stallscope demo`: a daemon, a serving engine (built-in, transformers or vLLM), the report.
 
 Only the arguments live here; `demo.runner` does the work.
 """
@@ -9,11 +9,13 @@ from stallscope.cli.command import Command
 def add_arguments(parser):
     parser.add_argument(
         "--engine",
-        choices=["builtin", "transformers"],
+        choices=["builtin", "transformers", "vllm"],
         default="builtin",
         help="builtin: the seed-shaped scenario engine; transformers: HF transformers' real "
         "continuous batching on a tiny random-weight Llama (needs the engines extra), "
-        "traced by `stallscope run --preset transformers` (default builtin)",
+        "traced by `stallscope run --preset transformers`; vllm: vLLM's CPU build, engine "
+        "core and worker processes, with GC passes forced in the worker (needs the vllm "
+        "extra), traced by `stallscope run --preset vllm` (default builtin)",
     )
     parser.add_argument(
         "--duration", type=float, default=None, help="seconds (default 45; transformers 20)"
@@ -57,6 +59,7 @@ DEMO = Command(
     examples=(
         "stallscope demo   # 45 s, then the report",
         "stallscope demo --engine transformers   # a real PyTorch engine, no source edit",
+        "stallscope demo --engine vllm           # a real vLLM, multi-process: peer causes",
         "stallscope demo --ab --db ab.duckdb   # as is vs gc.freeze() after warm-up, kept",
     ),
 )
