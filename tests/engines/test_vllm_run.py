@@ -183,7 +183,10 @@ def test_steps_that_waited_for_a_worker_gc_are_peer_gc(vllm_run):
             f"vLLM engine core: unexplained share of slow steps {u0 / n0:.1%} without peer "
             f"spans ({c0}), {u1 / n1:.1%} with ({c1})"
         )
-        assert u1 < u0
+        # the steps that waited for the worker's GC were unexplained before
+        # (or, with the scheduling probe, the preemption of a thread that
+        # spun on a loaded CPU): now they are peer, and nothing is less explained
+        assert u1 <= u0 and c1.get("peer", 0) >= len(hits) > c0.get("peer", 0)
     finally:
         con.close()
 
