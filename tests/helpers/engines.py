@@ -36,7 +36,9 @@ def require_vllm():
     missing = [m for m in VLLM_MODULES if importlib.util.find_spec(m) is None]
     if not missing:
         return
-    reason = f"needs the vllm extra ({', '.join(missing)} missing): STALLSCOPE_VLLM=1 make bootstrap"
+    reason = (
+        f"needs the vllm extra ({', '.join(missing)} missing): STALLSCOPE_VLLM=1 make bootstrap"
+    )
     if REQUIRE_VLLM:
         pytest.fail(f"required in CI but unavailable: {reason}", pytrace=False)
     pytest.skip(reason)

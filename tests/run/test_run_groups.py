@@ -23,7 +23,7 @@ pytestmark = pytest.mark.daemon
 STEPS = 60
 GC_STEPS = (15, 30, 45)
 
-WORK = '''
+WORK = """
 import gc, os, time
 
 class Driver:
@@ -49,7 +49,7 @@ class Rank:
         if k in self.gc_steps:
             gc.collect()
         return x
-'''
+"""
 
 MAIN = '''
 import gc, mmap, os, subprocess, sys, time
@@ -154,9 +154,7 @@ def test_the_late_rank_and_its_cause_are_named(ranks_run):
     assert sum(s[5] == 2 for s in rest) >= 0.7 * len(rest), rest
     assert not [s for s in rest if s[2] == "peer" and s[4] == "gc"]
     # rank 2's own steps at those points are gc
-    own = q(
-        "SELECT step_idx, cause FROM step_attribution WHERE run_id = ? AND slow", [by_rank[2]]
-    )
+    own = q("SELECT step_idx, cause FROM step_attribution WHERE run_id = ? AND slow", [by_rank[2]])
     assert {i + 1 for i, c in own if c == "gc"} >= set(GC_STEPS)
 
 

@@ -323,7 +323,16 @@ def _group_section(con, where):
     if not causes:
         return text + "(none: no slow step waited for a slow peer)\n"
     return text + format_table(
-        ["run", "waited for run", "its cause", "steps", "peer ms", "max hops", "max late ms", "wait"],
+        [
+            "run",
+            "waited for run",
+            "its cause",
+            "steps",
+            "peer ms",
+            "max hops",
+            "max late ms",
+            "wait",
+        ],
         causes,
     )
 

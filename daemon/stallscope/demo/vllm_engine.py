@@ -103,9 +103,7 @@ def main():
 
     here = os.path.dirname(os.path.abspath(__file__))
     # The worker (a spawned process) imports WorkerHooks from this folder.
-    os.environ["PYTHONPATH"] = os.pathsep.join(
-        p for p in (os.environ.get("PYTHONPATH"), here) if p
-    )
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), here) if p)
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     from transformers import LlamaConfig
@@ -143,7 +141,9 @@ def main():
             )[0]
         params = SamplingParams(max_tokens=args.max_tokens, ignore_eos=True, detokenize=False)
         prompts = [
-            TokensPrompt(prompt_token_ids=[(7 * r + i) % 500 + 1 for i in range(args.prompt_tokens)])
+            TokensPrompt(
+                prompt_token_ids=[(7 * r + i) % 500 + 1 for i in range(args.prompt_tokens)]
+            )
             for r in range(args.requests)
         ]
         t0 = time.monotonic_ns()

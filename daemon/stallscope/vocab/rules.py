@@ -20,7 +20,9 @@ BASELINE_MIN_STEPS = 5  # smallest baseline group; smaller ones fall back
 WORK_BUCKETS_PER_OCTAVE = 4.0  # work buckets per doubling of spans.work
 LOCK_CHAIN_GAP_NS = 50_000  # a timed-out wait joins the lock wait that follows within this
 PEER_END_GAP_NS = 1_000_000  # a step waited for a peer span that ended at most this long before it
-PEER_END_GAP_SHARE = 0.1  # ... plus this share of the peer's time inside the step (poll back-off, preemption)
+PEER_END_GAP_SHARE = (
+    0.1  # ... plus this share of the peer's time inside the step (poll back-off, preemption)
+)
 PEER_MAX_DEPTH = 4  # hops followed from a step to the peer whose own cause is named
 
 # Every cause step_attribution names, in precedence order (ties go to the
