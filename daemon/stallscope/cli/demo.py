@@ -52,14 +52,14 @@ def run(args):
 DEMO = Command(
     help="run a daemon, the built-in serving-engine scenario, and the attribution report",
     description="Start a daemon on a temporary socket and database, run the built-in "
-    "serving engine (shaped like the seed report's) or HF transformers' continuous batching "
-    "under it, stop the daemon and print the summary and the attribution report.",
+    "serving engine (shaped like the seed report's), HF transformers' continuous batching "
+    "or vLLM's CPU build under it, stop the daemon and print the summary and the "
+    "attribution report.",
     add_arguments=add_arguments,
     run=run,
     examples=(
         "stallscope demo   # 45 s, then the report",
-        "stallscope demo --engine transformers   # a real PyTorch engine, no source edit",
-        "stallscope demo --engine vllm           # a real vLLM, multi-process: peer causes",
+        "stallscope demo --engine vllm   # a real vLLM (engine core + worker), no source edit",
         "stallscope demo --ab --db ab.duckdb   # as is vs gc.freeze() after warm-up, kept",
     ),
 )
