@@ -1,6 +1,6 @@
 # The two commands a new user needs: `make demo` and `make test`.
 # Both set up what they need first (scripts/bootstrap.sh, idempotent).
-.PHONY: demo test test-fast lint bootstrap bench clean protos install uninstall faults fleet
+.PHONY: demo test test-fast lint bootstrap bench bench-check clean protos install uninstall faults fleet
 
 PYTEST_ARGS ?=
 # builtin: the seed-shaped scenario engine; transformers: HF transformers'
@@ -50,6 +50,11 @@ fleet:
 
 bench: bootstrap
 	.venv/bin/python bench/run_all.py
+
+# The BENCHMARKS.md rows whose covered paths changed since the commit they
+# were measured at (bench/check.py); prints none when every row is current.
+bench-check:
+	python3 bench/check.py
 
 protos: bootstrap
 	scripts/gen_protos.sh

@@ -68,10 +68,12 @@ DECODE_BATCH_RECORDS = 65_536
 IDLE_TICK_S = 0.5
 # Light traffic (fewer datagrams a round than this) gathers for the gap
 # before the next read: a client sends every 20 ms and its socket holds
-# seconds of that, so waking 5 times a second instead of 20 halved the main
-# loop's CPU at 200 steps/s (bench/daemon_footprint.py).
+# seconds of that, so waking 20 times a second instead of for each datagram
+# keeps the main loop's CPU low. The gap must stay under the clients' close
+# wait (100 ms by default): a 200 ms gap let a tight loop's last datagrams
+# and its BYE miss the close, an unreported tail (tests/spine/test_spine.py).
 LIGHT_ROUND_DATAGRAMS = 8
-LIGHT_ROUND_GAP_S = 0.2
+LIGHT_ROUND_GAP_S = 0.05
 TICK_S = 0.1
 # Threads that registered no role (DuckDB's, Arrow's, gRPC's) are moved to
 # idle priority this often (stallscope.threads.sweep).
