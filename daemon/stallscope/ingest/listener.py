@@ -78,8 +78,12 @@ class Ingest(RunRegistry, RecordDecoder, CensusIngest):
         on_run_end=None,
         on_watch=None,
         on_step_threads=None,
+        run_defaults=None,
     ):
         self.store = store
+        # runs columns the daemon fills for every new run (how its probes
+        # measure it, e.g. page_fault_method), not the client
+        self.run_defaults = dict(run_defaults or {})
         self.socket_path = socket_path
         self.host = host or socket.gethostname()
         self.allowed_uids = set(allowed_uids) if allowed_uids else None

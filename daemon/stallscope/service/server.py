@@ -174,6 +174,7 @@ class Daemon:
                 socket_group=group,
                 on_watch=self.watcher.request,
                 on_step_threads=self._step_threads,
+                run_defaults=self._run_defaults(),
             )
         except BaseException:
             # e.g. the socket is in use by another daemon: release the probes
@@ -237,6 +238,11 @@ class Daemon:
         self.watcher = PidWatcher(self)
         for pid in self.extra_pids:
             self._track(pid)
+
+    def _run_defaults(self):
+        """runs columns that say how this daemon's probes measure a run."""
+        methods = [getattr(p, "method", None) for p in self.probes if p.name == "page_faults"]
+        return {"page_fault_method": methods[0] if methods else None}
 
     def _stop_probes(self):
         for probe in self.probes:
