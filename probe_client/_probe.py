@@ -298,6 +298,7 @@ class Probe(Transport, GcForensics):
             "sent_records": self.sent_records,
             "drops_full": self.drops_full,
             "drops_disconnected": self.drops_disconnected,
+            "connect_busy": self.connect_busy,
             "errors": self.errors,
             "drops_gc_ring": self.drops_gc_ring,
             "next_seq": self._seq + ((self._pos - _HDR) >> 5) - self._seqless,

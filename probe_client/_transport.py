@@ -88,6 +88,7 @@ class Transport(Connection):
         self._strings_sent = 0  # names already sent on this connection
         self.drops_full = 0  # records lost to a full socket
         self.drops_disconnected = 0  # records lost while no daemon was there
+        self.connect_busy = 0  # connection tries the daemon's full backlog refused
         self.drops_gc_ring = 0  # GC records lost to a full GC ring
         self._gc_ring_told = 0  # drops_gc_ring as last sent in a COUNTERS record
         self._gc_ring_in_buf = -1  # the value in the buffer's COUNTERS record
