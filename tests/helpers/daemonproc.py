@@ -1,6 +1,27 @@
-"""A real `stallscope daemon` child process for a test, in its tmp_path."""
+"""A real `stallscope daemon` child process for a test, in its tmp_path.
+
+The daemon runs on this interpreter, or on STALLSCOPE_DAEMON_PYTHON when
+set: the probe client's tests run on every supported interpreter
+(tests/pythons/) while the daemon, with its dependencies, stays on the main
+venv's. Without duckdb here, `query()` reads the file through that one.
+"""
+
+import json
+import os
+import subprocess
+import sys
 
 from stallscope.demo.child import DaemonChild
+
+DAEMON_PYTHON = os.environ.get("STALLSCOPE_DAEMON_PYTHON") or sys.executable
+
+_QUERY = """
+import json, sys
+import duckdb
+con = duckdb.connect(sys.argv[1], read_only=True)
+rows = con.execute(sys.argv[2], json.loads(sys.argv[3])).fetchall()
+print(json.dumps(rows, default=str))
+"""
 
 
 class DaemonProcess(DaemonChild):
@@ -27,3 +48,23 @@ class DaemonProcess(DaemonChild):
             # take ~1 s to load)
             args += ["--no-kernel-causes"]
         return args + self.extra_args
+
+    def command(self):
+        cmd = super().command()
+        cmd[0] = DAEMON_PYTHON
+        return cmd
+
+    def query(self, sql, params=None):
+        try:
+            import duckdb  # noqa: F401
+        except ImportError:
+            pass
+        else:
+            return super().query(sql, params)
+        out = subprocess.run(
+            [DAEMON_PYTHON, "-c", _QUERY, self.db, sql, json.dumps(list(params or []))],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        return [tuple(row) for row in json.loads(out.stdout)]
