@@ -174,13 +174,19 @@ class Window:
         return self.after[key] - self.before[key]
 
 
-def window(work, cmd, sync, settle_s=0.0):
+def window(work, cmd, sync, boundary=None):
     """Run `cmd` with the worker bracketed by /proc reads and monotonic stamps.
 
     `sync()` makes the probe hand over everything it has; a final no-op wakes
     the worker so the last switch-out of the window is closed by a switch-in.
-    `settle_s` keeps sampling backends' windows clear of the brackets."""
-    time.sleep(settle_s)
+    `boundary()` (a sampling backend's take-a-sample-now) closes the probe's
+    current window right before the first read and right after the last,
+    while the worker sleeps in read(): the windows that overlap the bracket
+    then hold exactly its events. (A fixed settle time did not: a poll late
+    by more than it, under load, merged the no-op's switch into the
+    bracket's last window, 25 voluntary switches against /proc's 24.)"""
+    if boundary:
+        boundary()
     before = proc_counters(work.pid, work.tid)
     before["lost_cpu1_ns"] = cpu_time_lost_ns(1)
     t0 = time.monotonic_ns()
@@ -188,9 +194,9 @@ def window(work, cmd, sync, settle_s=0.0):
     after = proc_counters(work.pid, work.tid)
     after["lost_cpu1_ns"] = cpu_time_lost_ns(1)
     t1 = time.monotonic_ns()
-    time.sleep(settle_s)
+    if boundary:
+        boundary()
     work.call("noop")
-    time.sleep(settle_s)
     sync()
     return Window(t0, t1, before, after, reply)
 
