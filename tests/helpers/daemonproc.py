@@ -4,6 +4,11 @@ The daemon runs on this interpreter, or on STALLSCOPE_DAEMON_PYTHON when
 set: the probe client's tests run on every supported interpreter
 (tests/pythons/) while the daemon, with its dependencies, stays on the main
 venv's. Without duckdb here, `query()` reads the file through that one.
+
+A daemon whose database does not exist yet starts on a copy of the
+session's template (helpers/schema_db.py): the schema and views are made
+once per session, not ~0.7 s per daemon. `fresh_file=True` leaves the file
+to the daemon, for tests of creating one.
 """
 
 import json
@@ -28,7 +33,9 @@ class DaemonProcess(DaemonChild):
     """Socket, database and log in `tmp_path`; no GPU probe; the scheduling
     backend `sched_backend` ("none" unless given); `extra_args` appended."""
 
-    def __init__(self, tmp_path, sched_backend="none", extra_args=(), preamble=None):
+    def __init__(
+        self, tmp_path, sched_backend="none", extra_args=(), preamble=None, fresh_file=False
+    ):
         super().__init__(
             tmp_path / "probe.sock",
             tmp_path / "test.duckdb",
@@ -36,6 +43,7 @@ class DaemonProcess(DaemonChild):
             preamble=preamble,
         )
         self.dir = tmp_path
+        self.fresh_file = fresh_file
         self.sched_backend = sched_backend
         self.extra_args = list(extra_args)
 
@@ -53,6 +61,22 @@ class DaemonProcess(DaemonChild):
         cmd = super().command()
         cmd[0] = DAEMON_PYTHON
         return cmd
+
+    def start(self, wait=True, timeout_s=30):
+        # only into a folder that exists: one the daemon makes is part of
+        # what some tests check (its mode)
+        if (
+            not self.fresh_file
+            and not os.path.exists(self.db)
+            and os.path.isdir(os.path.dirname(os.path.abspath(self.db)))
+        ):
+            try:
+                from helpers.schema_db import copy_template
+            except ImportError:  # no duckdb here (tests/pythons/): the daemon makes it
+                pass
+            else:
+                copy_template(self.db)
+        return super().start(wait=wait, timeout_s=timeout_s)
 
     def query(self, sql, params=None):
         try:

@@ -62,6 +62,9 @@ class Connection:
         self.closing = False
 
 
+_WAKE = object()  # the selector key of Ingest's wake-up pipe
+
+
 class Ingest(RunRegistry, RecordDecoder, CensusIngest):
     """The probe socket and everything that comes through it."""
 
@@ -124,6 +127,12 @@ class Ingest(RunRegistry, RecordDecoder, CensusIngest):
             # removing it at exit would break the next socket activation.
             self.socket_path = None
         self.selector.register(self.listener, selectors.EVENT_READ, None)
+        # wake(): a byte here ends a poll() at once (a stop request; the
+        # select is otherwise resumed after a signal handler, up to its timeout)
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self.selector.register(self._wake_r, selectors.EVENT_READ, _WAKE)
         store.add_flush_hook(self.progress_statements)
 
     # ----- set-up ------------------------------------------------------------
@@ -168,9 +177,21 @@ class Ingest(RunRegistry, RecordDecoder, CensusIngest):
         for key, _ in self.selector.select(timeout):
             if key.data is None:
                 self._accept(ACCEPTS_PER_ROUND)
+            elif key.data is _WAKE:
+                try:
+                    os.read(self._wake_r, 4096)
+                except OSError:
+                    pass
             else:
                 self._read(key.data)
         return self.datagrams - before
+
+    def wake(self):
+        """End the current poll() now; safe in a signal handler."""
+        try:
+            os.write(self._wake_w, b"w")
+        except OSError:  # full (a wake is pending anyway) or closed
+            pass
 
     def _accept(self, limit=None):
         # Bounded per round like reads: a flood of new connections waits in
@@ -416,6 +437,13 @@ class Ingest(RunRegistry, RecordDecoder, CensusIngest):
         for conn in list(self.conns.values()):
             self._close(conn)
         self.decode_pending()
+        try:
+            self.selector.unregister(self._wake_r)
+        except (KeyError, ValueError):
+            pass
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+        self._wake_r = self._wake_w = -1
 
     def forget_runs(self, run_ids):
         """Drop what is kept in memory for runs retention deleted (ended runs

@@ -355,6 +355,9 @@ class Daemon:
     # ----- main loop -------------------------------------------------------------
     def stop(self, *_):
         self._stop.set()
+        ingest = getattr(self, "ingest", None)
+        if ingest is not None:
+            ingest.wake()  # the main loop may be in a 0.5 s poll
 
     def run(self):
         self.store.start()
