@@ -222,8 +222,9 @@ class Retention:
         this check deleted rows enough for its whole excess stops the check:
         the space is on its way back (the next check measures again), and
         deleting more runs for it cannot be undone. (Sizing a round from the
-        space the previous one freed failed that way: a round that freed 5
-        KiB of WAL made one run look 5 KiB large, and every run went.)"""
+        space the previous one freed failed that way: a round that freed
+        almost nothing made one run look a few KiB large, and the next round
+        deleted every run.)"""
         rows = self._run_rows(cur, run_tables)
         used = used_bytes(cur, self.store.path)
         total_rows = sum(rows.values())
