@@ -11,14 +11,42 @@ once per session, not ~0.7 s per daemon. `fresh_file=True` leaves the file
 to the daemon, for tests of creating one.
 """
 
+import atexit
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 
 from stallscope.demo.child import DaemonChild
 
 DAEMON_PYTHON = os.environ.get("STALLSCOPE_DAEMON_PYTHON") or sys.executable
+
+_TEMPLATE = {"path": None}
+
+
+def _foreign_template():
+    """The template database made once by the daemon's Python (this one has
+    no duckdb: the probe client's tests on another interpreter)."""
+    if _TEMPLATE["path"] is None:
+        folder = tempfile.mkdtemp(prefix="stallscope-schema-")
+        atexit.register(shutil.rmtree, folder, True)
+        path = os.path.join(folder, "template.duckdb")
+        subprocess.run([DAEMON_PYTHON, "-c", _MAKE_TEMPLATE, path], check=True)
+        _TEMPLATE["path"] = path
+    return _TEMPLATE["path"]
+
+
+_MAKE_TEMPLATE = """
+import sys
+import duckdb
+from stallscope.store.migrations import apply_schema
+con = duckdb.connect(sys.argv[1])
+apply_schema(con)
+con.execute("CHECKPOINT")
+con.close()
+"""
 
 _QUERY = """
 import json, sys
@@ -72,8 +100,8 @@ class DaemonProcess(DaemonChild):
         ):
             try:
                 from helpers.schema_db import copy_template
-            except ImportError:  # no duckdb here (tests/pythons/): the daemon makes it
-                pass
+            except ImportError:  # no duckdb here (tests/pythons/): the daemon's Python makes it
+                shutil.copyfile(_foreign_template(), self.db)
             else:
                 copy_template(self.db)
         return super().start(wait=wait, timeout_s=timeout_s)
