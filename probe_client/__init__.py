@@ -46,18 +46,25 @@ def connect(
     census_top=None,
     gc_freeze_after_s=None,
     gc_threshold=None,
+    pythreads=None,
 ):
     """Start a run: socket_path defaults to $STALLSCOPE_SOCKET, else
     /run/stallscope/probe.sock; gc=True records every collection;
     close_wait_ms bounds close()'s (and exit's) wait for socket space
-    (default $STALLSCOPE_CLOSE_WAIT_MS, else 100; 0 disables).
+    (default $STALLSCOPE_CLOSE_WAIT_MS, else 300; 0 disables).
 
     census=True (default: $STALLSCOPE_CENSUS=1) sends a type histogram of
     the GC-tracked heap at connect (or at `probe.mark("warm")`, or
     census_after_s seconds later) and at close: the top census_top types
     (default 30). gc_threshold=(A, B, C) sets gc.set_threshold now;
     gc_freeze_after_s=S runs gc.collect() then gc.freeze() S seconds after
-    connect. Both are recorded with the run; a bad value raises ValueError."""
+    connect. Both are recorded with the run; a bad value raises ValueError.
+
+    pythreads=True (default, unless $STALLSCOPE_PYTHREADS=0) lets the
+    daemon's CPU sampler name Python frames: the background flusher checks
+    this interpreter's frame layout once and sends it, then the list of its
+    thread states whenever it changes (never on the hot path; an interpreter
+    it does not know is said once per connection, and nothing more is sent)."""
     return Probe(
         socket_path=socket_path,
         run_label=run_label,
@@ -68,4 +75,5 @@ def connect(
         census_top=census_top,
         gc_freeze_after_s=gc_freeze_after_s,
         gc_threshold=gc_threshold,
+        pythreads=pythreads,
     )

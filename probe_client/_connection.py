@@ -100,6 +100,7 @@ class Connection:
         self._sock = sock
         self._fd = sock.fileno()
         self._strings_sent = 0
+        self._conn_gen += 1  # a new connection: the thread-state report is sent again
         # os.write takes no argument tuple (socket.send does); use it when
         # SIGPIPE is ignored (CPython's default) so a dead peer is EPIPE, not
         # a signal. Otherwise send with MSG_NOSIGNAL.
@@ -193,6 +194,7 @@ class Connection:
             "accelerator": getattr(self, "accelerator", "python"),  # record write: c or python
             "census": self._census is not None,
             "gc_knobs": self._gc_knobs,
+            "pythreads": self._pythreads_on,  # sends PYLAYOUT / PYTHREADS (wire v3)
         }
         data = json.dumps(info, separators=(",", ":")).encode()[: wire.HELLO_MAX]
         return bytes(self._header(wire.DGRAM_HELLO, 0, now_mono)) + data

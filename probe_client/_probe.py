@@ -109,6 +109,7 @@ class Probe(Transport, GcForensics):
         census_top=None,
         gc_freeze_after_s=None,
         gc_threshold=None,
+        pythreads=None,
     ):
         self.socket_path = socket_path or os.environ.get(SOCKET_ENV) or DEFAULT_SOCKET
         self.run_label = run_label or ""
@@ -117,6 +118,7 @@ class Probe(Transport, GcForensics):
         # Which record write this probe's wrappers use; also sent in HELLO.
         self.accelerator = "c" if self._accel is not None else "python"
         self._init_buffers(close_wait_ms)
+        self._init_pythreads(pythreads)
         self._ids = {}  # name (or enum) -> string id; kinds and stages
         self._names = []  # string id - 1 -> encoded name
         self._attached = []  # (owner, name, had_own, previous) for detach
@@ -260,7 +262,7 @@ class Probe(Transport, GcForensics):
     def close(self):
         """Flush, say goodbye, detach every wrapper and the GC callback.
 
-        Waits at most `close_wait_ms` (default 100 ms, $STALLSCOPE_CLOSE_WAIT_MS,
+        Waits at most `close_wait_ms` (default 300 ms, $STALLSCOPE_CLOSE_WAIT_MS,
         0: no wait) for socket space so the last records and the BYE land."""
         if self._closed:
             return
@@ -304,6 +306,9 @@ class Probe(Transport, GcForensics):
             "next_seq": self._seq + ((self._pos - _HDR) >> 5) - self._seqless,
             "connected": self.connected,
             "run_token": self.run_token,
+            "pythreads_sent": self.pythreads_sent,
+            "pythreads_errors": self.pythreads_errors,
+            "pythreads_status": self._pyreporter.intro.status if self._pyreporter else None,
         }
 
     # ----- hot path internals ----------------------------------------------

@@ -34,7 +34,17 @@ IDLE_FLUSH_S = 0.1  # the background flusher's period
 # 800k-object heap built right after connect() (~1,150 gen-0 passes).
 GC_RING_SLOTS = 4096
 CLOSE_WAIT_ENV = "STALLSCOPE_CLOSE_WAIT_MS"
-CLOSE_WAIT_MS = 100  # default bound on close()'s wait for socket space
+# Default bound on close()'s wait for socket space. It must outlast the
+# daemon's longest pause between reads of a connection (light traffic is
+# gathered for 200 ms, service/server.py LIGHT_ROUND_GAP_S; a test keeps the
+# two in step): at 100 ms a burst that filled the socket right before close()
+# lost its BYE, and with it the report of the tail it dropped.
+CLOSE_WAIT_MS = 300
+# The CPU sampler's thread-state report (_pythreads.py): made by the flusher
+# at most this often, sent only when the thread list changed.
+PYTHREADS_ENV = "STALLSCOPE_PYTHREADS"  # 0/off/no: no report
+PYTHREADS_INTERVAL_ENV = "STALLSCOPE_PYTHREADS_INTERVAL_MS"
+PYTHREADS_INTERVAL_MS = 1000
 
 _monotonic_ns = time.monotonic_ns
 _native_id = threading.get_native_id
@@ -78,6 +88,64 @@ class Transport(Connection):
         self._write = None
         self._next_connect_ns = 0
         self._control = []  # EVENT and CENSUS datagrams not yet sent (_connection.py)
+        self._conn_gen = 0  # connections made so far (_connection.py counts)
+
+    def _init_pythreads(self, pythreads):
+        """The thread-state report: on unless `pythreads` is False or
+        $STALLSCOPE_PYTHREADS says 0; nothing is made until the flusher's
+        first tick with a daemon connected."""
+        if pythreads is None:
+            pythreads = os.environ.get(PYTHREADS_ENV, "1").strip().lower() not in ("0", "off", "no")
+        self._pythreads_on = bool(pythreads)
+        try:
+            ms = float(os.environ.get(PYTHREADS_INTERVAL_ENV, PYTHREADS_INTERVAL_MS))
+        except ValueError:
+            ms = PYTHREADS_INTERVAL_MS
+        self._pythreads_interval_ns = max(1, int(ms * 1_000_000))
+        self._pythreads_next_ns = 0
+        self._pyreporter = None  # _pythreads.Reporter, made by the first tick
+        self._pyreport_gen = 0  # the connection the layout was sent on
+        self.pythreads_errors = 0
+        self.pythreads_sent = 0  # PYTHREADS datagrams sent
+
+    def _pythreads_tick(self, now):
+        """Flusher thread only (never the hot path): send this connection's
+        PYLAYOUT once, then the thread list when it changed. The listing is
+        made outside the buffer lock; the lock is only tried, for the sends."""
+        rep = self._pyreporter
+        if rep is None:
+            from . import _pythreads
+
+            rep = self._pyreporter = _pythreads.Reporter()  # one-time checks, ~15-100 ms
+        if self._pyreport_gen != self._conn_gen:
+            rep.forget_sent()
+        dgram = rep.listing(lambda n: self._header(wire.DGRAM_PYTHREADS, n, now))
+        if not self._lock.acquire(blocking=False):
+            return
+        try:
+            if self._sock is None or self._strings_sent < len(self._names) or self._control:
+                return  # names and queued events first: the next tick
+            if self._pyreport_gen != self._conn_gen:
+                layout = bytes(self._header(wire.DGRAM_PYLAYOUT, 0, now)) + rep.layout
+                if not self._send_datagram(layout):
+                    return
+                self._pyreport_gen = self._conn_gen
+            if dgram is not None and self._send_datagram(dgram):
+                rep.sent()
+                self.pythreads_sent += 1
+        finally:
+            self._lock.release()
+
+    def _send_datagram(self, data):
+        """One non-blocking send (lock held); False if it did not go."""
+        try:
+            self._sock.send(data, socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL)
+        except BlockingIOError:
+            return False
+        except OSError:
+            self._disconnect()
+            return False
+        return True
 
     def _reset_run_state(self):
         self.run_token = int.from_bytes(os.urandom(8), "little") >> 1
@@ -294,6 +362,8 @@ class Transport(Connection):
                 pass
         self._reset_run_state()
         self._control = []  # the parent's events and census belong to the parent's run
+        self._pyreporter = None  # the parent's checks and thread states are not ours
+        self._pyreport_gen = 0
         self._next_connect_ns = 0
         self._lock.release()
         if not self._closed:
@@ -325,6 +395,12 @@ def _flusher_loop(ref):
                         probe._lock.release()
         except Exception:
             probe.errors += 1
+        try:
+            if probe._pythreads_on and probe._sock is not None and now >= probe._pythreads_next_ns:
+                probe._pythreads_next_ns = now + probe._pythreads_interval_ns
+                probe._pythreads_tick(now)
+        except Exception:
+            probe.pythreads_errors += 1
         del probe
 
 

@@ -11,10 +11,12 @@ import struct
 
 MAGIC = 0x5353  # b"SS"
 # Version 2 adds the sequence-less SPAN_EXT and COUNTERS records and takes GC
-# ring overflows out of the header's drops_full. A daemon accepts every
-# version in VERSIONS and refuses a newer one (`unsupported_version`).
-VERSION = 2
-VERSIONS = (1, 2)
+# ring overflows out of the header's drops_full. Version 3 adds the PYLAYOUT
+# and PYTHREADS datagrams (the CPU sampler's thread-state report). A daemon
+# accepts every version in VERSIONS and refuses a newer one
+# (`unsupported_version`).
+VERSION = 3
+VERSIONS = (1, 2, 3)
 
 HEADER_SIZE = 32
 RECORD_SIZE = 32
@@ -32,7 +34,11 @@ REC_STRING = 3  # kind_id=string id, bytes 8..31 = UTF-8 name, NUL padded
 REC_SPAN_EXT = 4  # the preceding SPAN's work (start_ns field, i64) and idle (flags)
 REC_COUNTERS = 5  # start_ns field = GC records lost to a full GC ring so far (u64)
 REC_TYPES = (REC_SPAN, REC_GC, REC_STRING, REC_SPAN_EXT, REC_COUNTERS)
-SEQLESS_TYPES = {1: (REC_STRING,), 2: (REC_STRING, REC_SPAN_EXT, REC_COUNTERS)}
+SEQLESS_TYPES = {
+    1: (REC_STRING,),
+    2: (REC_STRING, REC_SPAN_EXT, REC_COUNTERS),
+    3: (REC_STRING, REC_SPAN_EXT, REC_COUNTERS),  # RECORDS did not change in version 3
+}
 
 # SPAN_EXT flags: which fields hold a value, and the idle mark.
 EXT_HAS_WORK = 1
@@ -85,3 +91,24 @@ DGRAM_WATCH = 5
 # count], ...]} of at most HELLO_MAX bytes. Sent after HELLO, at connect (or
 # warm-up) and close only; a daemon that predates it counts it as `bad_kind`.
 DGRAM_CENSUS = 6
+
+# The CPU sampler's thread-state report (version 3; probe_client/_pythreads.py,
+# sent by the background flusher, never the hot path). PYLAYOUT: header kind
+# 7, no records, then a UTF-8 JSON object of at most HELLO_MAX bytes: this
+# interpreter's frame layout as checked against itself, or why it cannot be
+# sampled {status: "ok" | "refused: ...", version, hexversion,
+# implementation, free_threaded, layout, types, verified, notes, cost_ns};
+# once per connection, before any PYTHREADS. PYTHREADS: header kind 8,
+# record_count PYTHREAD records (at most MAX_RECORDS), the whole list of the
+# interpreter's thread states when it was sent (header sent_ns): sent when it changed, and after
+# each (re)connect. Neither carries a sequence number. In a version 1 or 2
+# datagram both kinds are `bad_kind`.
+DGRAM_PYLAYOUT = 7
+DGRAM_PYTHREADS = 8
+REC_PYTHREAD = 6
+# PYTHREAD flags
+PYTHREAD_MORE = 1  # the listing had more threads than one datagram holds
+# rtype u8, flags u8, 0 u16, native thread id u32, PyThreadState address u64,
+# 0 u64, 0 u64 (the listing's time is the header's sent_ns)
+PYTHREAD_RECORD = struct.Struct("<BBHIQQQ")
+assert PYTHREAD_RECORD.size == RECORD_SIZE

@@ -13,47 +13,72 @@ says which of two roles it has, first thing when it starts:
   on waking, but weighs 15 and is not treated as an idle CPU by the waking
   engine, so SCHED_IDLE is the stronger of the two.
 - `paced(name)`: work that must keep pace with the engine (the probe
-  socket: a client's socket must not fill); it stays at normal priority
-  and is kept cheap.
+  socket: a client's socket must not fill). It runs under SCHED_BATCH at
+  nice 0: a full share of a CPU when it needs one, but, like idle tasks, it
+  never preempts a running thread on waking; a datagram that wakes it
+  waits for the engine's next sleep or the next tick. It is kept cheap.
+  Threads that say nothing (DuckDB's, Arrow's, gRPC's) are moved to idle
+  priority by `sweep()`, which the main loop calls.
 
 A background thread that falls behind (a ring more than half full, a
-store backlog over half its bound) is raised to normal priority with
-`boost()` until it has caught up (`unboost()`); when that is not permitted
-(no CAP_SYS_NICE and no LimitNICE= in the unit), it is said once and
-counted, and the bound still holds (work past it is dropped as a known
-loss). `place(cpus)` keeps every daemon thread off the CPUs the traced
-engines run on while another CPU is allowed. Nothing here blocks; every
-failure is a returned reason, never an exception into the caller's loop.
+store backlog over half its bound) is raised to normal priority until it
+has caught up: it registers a `backlog` gauge (the fraction of its bound in
+use), and the paced main loop, which always runs, calls `check_backlogs()`
+to `boost()` a thread whose gauge passes one half and `unboost()` it below
+one quarter. When raising is not permitted (no CAP_SYS_NICE and no
+LimitNICE= in the unit) it is said once and counted, and the bound still
+holds (work past it is dropped as a known loss). `BackgroundPool` runs
+calls (the API's queries and exports) on background threads for callers
+that must stay at normal priority. `place(cpus)` keeps every daemon thread
+off the CPUs the traced engines run on while another CPU is allowed.
+Nothing here blocks the caller beyond the call it asked for; failures are
+returned reasons, never exceptions into the caller's loop.
 """
 
+import logging
 import os
+import queue
 import threading
+from concurrent.futures import ThreadPoolExecutor
+
+from stallscope.vocab.log_channels import log_channel
 
 SCHED_IDLE = getattr(os, "SCHED_IDLE", 5)
 SCHED_OTHER = getattr(os, "SCHED_OTHER", 0)
+SCHED_BATCH = getattr(os, "SCHED_BATCH", 3)
 BACKGROUND, PACED = "background", "paced"
-POLICY_NAMES = {SCHED_OTHER: "other", SCHED_IDLE: "idle", getattr(os, "SCHED_BATCH", 3): "batch"}
+POLICY_NAMES = {SCHED_OTHER: "other", SCHED_IDLE: "idle", SCHED_BATCH: "batch"}
 BOOST_REFUSED = (
     "cannot raise a background thread back to normal priority (needs CAP_SYS_NICE, "
     "or LimitNICE=+0 in the unit): a thread that falls behind stays at idle priority "
     "and its bound drops what does not fit (losses 'daemon_backlog')"
 )
 
+BOOST_ABOVE, UNBOOST_BELOW = 0.5, 0.25  # backlog fractions
+log = logging.getLogger(log_channel(__name__))
+
 _lock = threading.Lock()
-_threads = {}  # tid -> {"name", "role", "boosted"}
-_state = {"cpus": None, "boosts": 0, "boost_refused": 0, "refused_reason": None}
+_threads = {}  # tid -> {"name", "role", "boosted", "backlog"}
+_state = {
+    "cpus": None,
+    "initial": None,  # the daemon's own allowed CPUs, before place() narrowed them
+    "boosts": 0,
+    "boost_refused": 0,
+    "refused_reason": None,
+}
 
 
 def _tid():
     return threading.get_native_id()
 
 
-def background(name):
-    """Make the calling thread a background thread (SCHED_IDLE); returns None,
-    or the reason it stays at normal priority."""
+def background(name, backlog=None):
+    """Make the calling thread a background thread (SCHED_IDLE); `backlog()`,
+    if given, returns the fraction of its bound in use (see check_backlogs).
+    Returns None, or the reason it stays at normal priority."""
     tid = _tid()
     with _lock:
-        _threads[tid] = {"name": name, "role": BACKGROUND, "boosted": False}
+        _threads[tid] = {"name": name, "role": BACKGROUND, "boosted": False, "backlog": backlog}
     try:
         os.sched_setscheduler(0, SCHED_IDLE, os.sched_param(0))
     except (OSError, AttributeError) as exc:
@@ -62,10 +87,15 @@ def background(name):
 
 
 def paced(name):
-    """Register the calling thread as one that keeps pace at normal priority."""
+    """Make the calling thread one that keeps pace (SCHED_BATCH, nice 0);
+    returns None, or the reason it stays as it was."""
     tid = _tid()
     with _lock:
-        _threads[tid] = {"name": name, "role": PACED, "boosted": False}
+        _threads[tid] = {"name": name, "role": PACED, "boosted": False, "backlog": None}
+    try:
+        os.sched_setscheduler(0, SCHED_BATCH, os.sched_param(0))
+    except (OSError, AttributeError) as exc:
+        return f"{name}: cannot run as a batch thread: {exc}"
     return _apply_cpus(tid)
 
 
@@ -104,6 +134,67 @@ def unboost(tid=None):
         pass
 
 
+def boost_refused():
+    """True once raising a thread was refused (then it will be again)."""
+    with _lock:
+        return _state["boost_refused"] > 0
+
+
+def check_backlogs():
+    """Boost background threads whose backlog passed BOOST_ABOVE, unboost those
+    back under UNBOOST_BELOW; called by a thread that always runs (the paced
+    main loop). Returns the names boosted now."""
+    alive = set(_task_ids())
+    with _lock:
+        for tid in [t for t in _threads if t not in alive]:
+            del _threads[tid]  # a thread that ended (a probe stopped)
+        items = [(tid, info) for tid, info in _threads.items() if info["backlog"] is not None]
+    boosted = []
+    for tid, info in items:
+        try:
+            level = float(info["backlog"]())
+        except Exception:
+            continue  # a gauge whose object went away reads as no backlog
+        if level > BOOST_ABOVE and not info["boosted"]:
+            if boost(tid):
+                boosted.append(info["name"])
+                log.info(
+                    "%s fell behind (%.0f%% of its bound): raised to normal priority",
+                    info["name"],
+                    100 * level,
+                )
+            elif _state["boost_refused"] == 1:
+                log.warning("%s fell behind: %s", info["name"], BOOST_REFUSED)
+        elif level < UNBOOST_BELOW and info["boosted"]:
+            unboost(tid)
+            log.info("%s caught up: back to idle priority", info["name"])
+    return boosted
+
+
+def sweep(keep=()):
+    """Every thread of the daemon that registered no role (DuckDB's, Arrow's,
+    gRPC's own threads, a helper thread a library started) goes to idle
+    priority; only the main thread and the threads registered as paced stay
+    normal. Returns how many were moved now."""
+    main = os.getpid()
+    with _lock:
+        known = dict(_threads)
+    moved = 0
+    for tid in _task_ids():
+        info = known.get(tid)
+        if tid == main or tid in keep or (info and info["role"] == PACED):
+            continue
+        if info and info["boosted"]:
+            continue
+        try:
+            if os.sched_getscheduler(tid) != SCHED_IDLE:
+                os.sched_setscheduler(tid, SCHED_IDLE, os.sched_param(0))
+                moved += 1
+        except OSError:
+            continue
+    return moved
+
+
 def forget():
     """The calling thread is about to end."""
     with _lock:
@@ -121,13 +212,25 @@ def _apply_cpus(tid):
     return None
 
 
+def allowed():
+    """The CPUs the daemon itself may use (its affinity when first asked: the
+    unit's CPUAffinity= and the cgroup's set), whatever place() did since."""
+    with _lock:
+        if _state["initial"] is None:
+            _state["initial"] = set(os.sched_getaffinity(0))
+        return set(_state["initial"])
+
+
 def place(cpus):
     """Keep every thread of the daemon (the registered ones and those it does
-    not know: DuckDB's, gRPC's) on `cpus`; None or empty = anywhere allowed.
-    Returns the reasons of threads that could not be moved."""
+    not know: DuckDB's, gRPC's) on `cpus` (within `allowed()`); None or
+    empty = all of `allowed()`. Returns the reasons of threads that could
+    not be moved."""
+    base = allowed()
+    chosen = (set(cpus) & base) if cpus else None
     with _lock:
-        _state["cpus"] = set(cpus) if cpus else None
-    target = _state["cpus"] or os.sched_getaffinity(0) | _allowed_cpus()
+        _state["cpus"] = chosen or None
+    target = chosen or base
     problems = []
     for tid in _task_ids():
         try:
@@ -137,19 +240,8 @@ def place(cpus):
     return problems
 
 
-def _allowed_cpus():
-    """Every CPU this process may run on (its cgroup's and the unit's set)."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("Cpus_allowed_list:"):
-                    return _parse_list(line.split(":", 1)[1])
-    except OSError:
-        pass
-    return set(range(os.cpu_count() or 1))
-
-
-def _parse_list(text):
+def parse_cpu_list(text):
+    """'0-2,5' -> {0, 1, 2, 5} (the kernel's CPU list format)."""
     out = set()
     for part in text.strip().split(","):
         if not part:
@@ -189,3 +281,65 @@ def snapshot():
         "refused_reason": state["refused_reason"],
         "cpus": sorted(state["cpus"]) if state["cpus"] else None,
     }
+
+
+class BackgroundPool:
+    """Calls run on `workers` background threads (SCHED_IDLE from birth), for
+    callers that must stay at normal priority themselves (a gRPC handler
+    thread that also serves live streams)."""
+
+    def __init__(self, name, workers):
+        self._pool = ThreadPoolExecutor(
+            max_workers=workers,
+            thread_name_prefix=name,
+            initializer=background,
+            initargs=(name,),
+        )
+
+    def call(self, fn, *args, **kwargs):
+        """fn(*args, **kwargs) on a background thread; its result or exception."""
+        return self._pool.submit(fn, *args, **kwargs).result()
+
+    def iterate(self, make_iterator, depth=2):
+        """Yield what `make_iterator()` yields, produced on a background thread
+        (at most `depth` items ahead); its exception is raised here. Closing
+        the returned generator stops the producer at its next item."""
+        items = queue.Queue(maxsize=depth)
+        stop = threading.Event()
+        done = object()
+
+        def produce():
+            try:
+                for item in make_iterator():
+                    while not stop.is_set():
+                        try:
+                            items.put(("item", item), timeout=0.25)
+                            break
+                        except queue.Full:
+                            continue
+                    if stop.is_set():
+                        return
+                items.put(("end", done))
+            except BaseException as exc:  # handed to the consumer, raised there
+                items.put(("error", exc))
+
+        future = self._pool.submit(produce)
+        try:
+            while True:
+                kind, value = items.get()
+                if kind == "item":
+                    yield value
+                elif kind == "error":
+                    raise value
+                else:
+                    return
+        finally:
+            stop.set()
+            while not future.done():
+                try:
+                    items.get(timeout=0.05)  # unblock a producer waiting to put
+                except queue.Empty:
+                    pass
+
+    def shutdown(self):
+        self._pool.shutdown(wait=False, cancel_futures=True)

@@ -14,7 +14,7 @@ The probe client needs Python 3.10 or newer. On an older interpreter this
 hook does nothing but say so, once per process tree (the environment
 remembers it for the command's children), and chain to the next
 sitecustomize; so this file keeps to syntax that Python 2.7 and 3.x parse
-(no f-strings, no annotations).
+(str.format, no f-strings, no annotations).
 """
 
 MIN_PYTHON = (3, 10)
@@ -30,9 +30,10 @@ def _stallscope_too_old():
     if not os.environ.get(SAID_ENV):
         os.environ[SAID_ENV] = "1"
         sys.stderr.write(
-            "stallscope: not tracing: Python %s is older than %d.%d, the oldest the probe "
-            "client supports (%s)\n"
-            % (sys.version.split()[0], MIN_PYTHON[0], MIN_PYTHON[1], sys.executable)
+            "stallscope: not tracing: Python {} is older than {}.{}, the oldest the probe "
+            "client supports ({})\n".format(
+                sys.version.split()[0], MIN_PYTHON[0], MIN_PYTHON[1], sys.executable
+            )
         )
     return True
 
@@ -62,7 +63,7 @@ def _stallscope_start():
         _autoattach.start_from_environment()
     except Exception as exc:
         sys.stderr.write(
-            "stallscope: not tracing this process: %s: %s\n" % (type(exc).__name__, exc)
+            "stallscope: not tracing this process: {}: {}\n".format(type(exc).__name__, exc)
         )
 
 

@@ -19,7 +19,7 @@ WITH c AS (
 )
 SELECT
     run_id,                    -- run
-    probe,                     -- 'sched', 'syscalls', 'page_faults', 'irq', 'steal', 'gpu'
+    probe,                     -- 'sched', 'syscalls', 'page_faults', 'irq', 'steal', 'gpu', 'cpu'
     min(start_ns) AS start_ns, -- CLOCK_MONOTONIC ns
     max(end_ns) AS end_ns      -- CLOCK_MONOTONIC ns (9223372036854775807: still covering)
 FROM g GROUP BY run_id, probe, island;

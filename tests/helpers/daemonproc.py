@@ -59,7 +59,9 @@ print(json.dumps(rows, default=str))
 
 class DaemonProcess(DaemonChild):
     """Socket, database and log in `tmp_path`; no GPU probe; the scheduling
-    backend `sched_backend` ("none" unless given); `extra_args` appended."""
+    backend `sched_backend` ("none" unless given); no CPU sampler unless
+    `extra_args` holds --cpu-sampler (it needs root and takes ~3 s to load);
+    `extra_args` appended."""
 
     def __init__(
         self, tmp_path, sched_backend="none", extra_args=(), preamble=None, fresh_file=False
@@ -83,6 +85,8 @@ class DaemonProcess(DaemonChild):
             # no kernel probes at all unless a test asks (they need root and
             # take ~1 s to load)
             args += ["--no-kernel-causes"]
+        if "--cpu-sampler" not in self.extra_args:
+            args += ["--no-cpu-sampler"]
         return args + self.extra_args
 
     def command(self):

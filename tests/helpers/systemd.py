@@ -78,7 +78,8 @@ class NotifyListener:
 
 
 class ServiceProcess:
-    """`stallscope daemon` with a config file and a systemd-like environment."""
+    """`stallscope daemon` with a config file and a systemd-like environment
+    (no CPU sampler unless `args` holds --cpu-sampler)."""
 
     def __init__(self, tmp_path, config_text="", env=None, args=(), prefix=()):
         self.dir = Path(tmp_path)
@@ -117,6 +118,8 @@ class ServiceProcess:
                 "--db",
                 self.db,
             ]
+            # The CPU sampler (root only, ~3 s to load) only where a test asks for it.
+            + ([] if "--cpu-sampler" in self.args else ["--no-cpu-sampler"])
             + self.args
         )
 

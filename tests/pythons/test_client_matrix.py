@@ -36,7 +36,7 @@ CLIENT_TESTS = (
     "tests/spine/test_accel.py",
     "tests/spine/test_connect_busy.py",
 )
-SLOTS = (*pythons.SUPPORTED, "debian")
+SLOTS = (*pythons.SUPPORTED_MINORS, "debian")
 AT_ONCE = 2
 
 

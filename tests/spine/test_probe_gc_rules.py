@@ -13,6 +13,7 @@ built) and on the Python one.
 import gc
 import inspect
 import threading
+import time
 import weakref
 
 import pytest
@@ -92,6 +93,10 @@ def probe(request, tmp_path, monkeypatch):
             socket_path=request.getfixturevalue("live_daemon").socket, gc=False
         )
         assert p.connected
+        # The flusher's thread-state report makes its (few, lasting) objects
+        # once, right after connect: done before any window counts objects
+        # per step.
+        assert wait_for(lambda: p.stats()["pythreads_status"] is not None, 10)
     yield p
     p.close()
 
@@ -145,6 +150,70 @@ def test_probe_adds_zero_net_tracked_objects_per_step(probe, gc_off):
     traced = count_delta(engine, 3000)
     assert traced == plain
     assert probe.stats()["next_seq"] >= 4 * 3000
+
+
+def test_thread_state_listing_keeps_every_rule(tmp_path, gc_off, monkeypatch):
+    """The CPU sampler's thread-state report (probe_client/_pythreads.py),
+    made every 20 ms here (50 times its default rate) by the flusher while
+    the engine steps: still zero net tracked objects per step (the count is
+    process-wide, so a listing in progress at a window's edge shows; the
+    measurement is retried) and no cyclic garbage."""
+    from helpers.daemonproc import DaemonProcess
+
+    monkeypatch.setenv("STALLSCOPE_PYTHREADS_INTERVAL_MS", "20")
+    d = DaemonProcess(tmp_path).start()
+    p = probe_client.connect(socket_path=d.socket, gc=False)
+    try:
+        deadline = time.monotonic() + 10
+        while p.stats()["pythreads_sent"] < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert p.stats()["pythreads_status"] == "ok"
+
+        def count_delta(engine, n):
+            for _ in range(50):
+                engine._step()
+            before = gc.get_count()[0]
+            for _ in range(n):
+                engine._step()
+            return gc.get_count()[0] - before
+
+        def unreachable_after(engine, n):
+            gc.collect()
+            for _ in range(n):
+                engine._step()
+            return gc.collect()
+
+        plain = count_delta(Engine(), 3000)
+        baseline = unreachable_after(Engine(), 2000)
+        engine = Engine()
+        instrument(p, engine)
+        made = p._pyreporter.listings
+        t0 = time.monotonic()
+        traced = [count_delta(engine, 3000) for _ in range(5)]
+        elapsed = time.monotonic() - t0
+        assert plain in traced, (plain, traced)
+        assert unreachable_after(engine, 2000) <= baseline
+        lists = p._pyreporter.listings - made
+        assert lists >= elapsed / 0.1, (lists, elapsed)  # the listing really ran meanwhile
+        assert p.errors == 0 and p.stats()["pythreads_errors"] == 0
+    finally:
+        p.close()
+        d.stop()
+
+
+def test_thread_state_report_leaves_no_cyclic_garbage(gc_off):
+    """The report's one-time set-up (layout checks, a parked thread, the
+    frames of every thread compared) and its listings leave nothing for the
+    engine's collector (it once kept its own frame in a dict of frames)."""
+    from probe_client import _pythreads
+
+    gc.collect()
+    rep = _pythreads.Reporter()
+    assert rep.ok, rep.intro.status
+    assert gc.collect() == 0
+    for _ in range(100):
+        rep.listing(lambda n: bytes(32))
+    assert gc.collect() == 0
 
 
 def test_gc_callback_retains_nothing(tmp_path, gc_off):

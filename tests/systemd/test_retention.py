@@ -151,6 +151,55 @@ def test_age_limit_by_wall_clock(store):
     cur.close()
 
 
+def test_cpu_stacks_and_frames_go_once_no_sample_names_them(store):
+    """cpu_samples are trimmed by time like kernel rows; a stack goes once no
+    sample names it and it is older than two id epochs, a frame once no stack
+    names it (younger ones may still be named by the sampler's caches)."""
+    from stallscope.vocab.schema import CPU_STACK_EPOCH_NS
+
+    now_rt, now_mono = time.time_ns(), time.monotonic_ns() + 100 * 3600 * 10**9
+    old = now_mono - 5 * 3600 * 10**9  # older than the 2.5 h age limit
+    young = now_mono - CPU_STACK_EPOCH_NS // 2  # inside the sampler's current epoch
+    store.append(
+        "cpu_frames",
+        {
+            "frame_id": [1, 2, 3, 4],
+            "kind": ["py", "py", "native", "py"],
+            "function": ["old_only", "shared", "leaf", "young_unused"],
+            "first_ts_ns": [old, old, old, young],
+        },
+    )
+    # stack 10: old samples only; 11: old and new samples; 12: no sample, young
+    store.append(
+        "cpu_stacks",
+        {
+            "stack_id": [10, 10, 11, 11, 12],
+            "depth": [0, 1, 0, 1, 0],
+            "frame_id": [3, 1, 3, 2, 4],
+            "first_ts_ns": [old, old, old, old, young],
+        },
+    )
+    store.append(
+        "cpu_samples",
+        {
+            "pid": [7, 7, 7, 7],
+            "tid": [7, 7, 7, 7],
+            "ts_ns": [old, old + 1, old + 2, now_mono - 10**9],
+            "stack_id": [10, 10, 11, 11],
+        },
+    )
+    store.flush()
+    done = Retention(store, Limits(max_db_mb=0, max_age_days=2.5 / 24)).check(now_rt, now_mono)
+    cur = store.cursor()
+    assert cur.execute("SELECT count(*) FROM cpu_samples").fetchone()[0] == 1
+    stacks = {r[0] for r in cur.execute("SELECT stack_id FROM cpu_stacks").fetchall()}
+    frames = {r[0] for r in cur.execute("SELECT function FROM cpu_frames").fetchall()}
+    cur.close()
+    assert stacks == {11, 12}
+    assert frames == {"shared", "leaf", "young_unused"}
+    assert done["rows_deleted"] == 3 + 2 + 1  # samples, stack 10's rows, frame old_only
+
+
 def test_no_limits_deletes_nothing(store):
     now_rt, now_mono = time.time_ns(), time.monotonic_ns()
     fill(store, runs=2, now_rt=now_rt - 400 * DAY_NS, now_mono=now_mono)

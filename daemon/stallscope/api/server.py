@@ -25,6 +25,7 @@ from concurrent import futures
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from stallscope import threads
 from stallscope.analysis.sandbox import QueryRun
 from stallscope.api import events, query_stream, reflection
 from stallscope.api.status_parts import clock_pair, package_version, set_stats
@@ -83,6 +84,10 @@ class StallscopeServicer(pb_grpc.StallscopeServicer):
         self.started_ns = getattr(daemon, "started_ns", time.monotonic_ns())
         self.shutting_down = False  # set by ApiServer.stop: streams end UNAVAILABLE
         self.missing_columns = {}  # "KIND.column" -> batches streamed without it
+        # What reads the database runs on idle-priority threads: a user's
+        # query, a status, an export can wait; the traced engine cannot. The
+        # handler threads themselves stay at normal priority (live streams).
+        self.background = threads.BackgroundPool("api-query", MAX_CONCURRENT_QUERIES + 2)
 
     def _missing_columns(self, kind, columns):
         """A batch lacked columns its kind must have: the stream goes on with
@@ -164,14 +169,16 @@ class StallscopeServicer(pb_grpc.StallscopeServicer):
             )
         try:
             try:
-                run = QueryRun(
-                    self.daemon.store,
-                    request.sql,
-                    [from_value(v) for v in request.params],
-                    max_rows=request.max_rows,
-                    timeout_s=request.timeout_ms / 1000.0,
-                    batch_rows=request.batch_rows,
-                ).start()
+                run = self.background.call(
+                    QueryRun(
+                        self.daemon.store,
+                        request.sql,
+                        [from_value(v) for v in request.params],
+                        max_rows=request.max_rows,
+                        timeout_s=request.timeout_ms / 1000.0,
+                        batch_rows=request.batch_rows,
+                    ).start
+                )
             except QueryError as exc:
                 context.abort(query_stream.status_code(exc), str(exc))
             except NotSandboxed as exc:
@@ -181,11 +188,13 @@ class StallscopeServicer(pb_grpc.StallscopeServicer):
             context.add_callback(run.close)
             columns = [pb.Column(name=n, type=t) for n, t in run.columns]
             try:
-                yield from query_stream.messages(
-                    run,
-                    request.format == pb.ARROW_IPC,
-                    query_stream.message_limit(request.max_message_bytes),
-                    columns,
+                yield from self.background.iterate(
+                    lambda: query_stream.messages(
+                        run,
+                        request.format == pb.ARROW_IPC,
+                        query_stream.message_limit(request.max_message_bytes),
+                        columns,
+                    )
                 )
             except QueryError as exc:
                 run.close()
@@ -195,6 +204,9 @@ class StallscopeServicer(pb_grpc.StallscopeServicer):
 
     # ----- GetStatus / ListRuns -----------------------------------------------------
     def _sql(self, sql, params=None):
+        return self.background.call(self._sql_here, sql, params)
+
+    def _sql_here(self, sql, params=None):
         cur = self.daemon.store.cursor()
         try:
             return cur.execute(sql, params or []).fetchall()
@@ -343,7 +355,7 @@ class StallscopeServicer(pb_grpc.StallscopeServicer):
                 f"the daemon exports to {exports.out_dir} only (its --export-dir), not {request.dir}",
             )
         try:
-            result = exports.export()
+            result = self.background.call(exports.export)
         except ExportBusy as exc:
             context.abort(grpc.StatusCode.ABORTED, str(exc))
         except (StallscopeError, OSError) as exc:
@@ -383,6 +395,8 @@ class ApiServer:
             self.servicer.shutting_down = True
         self.fanout.close_all()
         self.server.stop(grace).wait(grace + 2)
+        if self.servicer is not None:
+            self.servicer.background.shutdown()
         if self.api_socket:
             try:
                 os.unlink(self.api_socket)

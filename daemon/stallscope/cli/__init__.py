@@ -3,7 +3,7 @@
 `COMMANDS` maps each command name to its `Command` (arguments, entry point,
 examples), defined in one module per command group: `cli/daemon.py`,
 `cli/run.py`, `cli/demo.py`, `cli/read.py` (query, report, compare, status),
-`cli/top.py`, `cli/deep.py`, `cli/export.py`.
+`cli/top.py`, `cli/deep.py`, `cli/export.py`, `cli/profile.py`.
 This is the one place that turns a `StallscopeError` raised below into
 `error: ...` on stderr and an exit status (2; 130 on Ctrl-C); anything else
 is a bug and keeps its traceback. Command modules import their heavy
@@ -14,7 +14,7 @@ import argparse
 import logging
 import sys
 
-from stallscope.cli import daemon, deep, demo, export, read, run, top
+from stallscope.cli import daemon, deep, demo, export, profile, read, run, top
 from stallscope.errors import StallscopeError
 
 # name -> Command, in --help order.
@@ -26,6 +26,7 @@ COMMANDS = {
     "report": read.REPORT,
     "compare": read.COMPARE,
     "top": top.TOP,
+    "profile": profile.PROFILE,
     "status": read.STATUS,
     "deep": deep.DEEP,
     "export": export.EXPORT,

@@ -11,6 +11,10 @@ writes Perfetto's protobuf trace format (the TracePacket protos that the
   them). Spans that do not nest in the ones before them (async code) go to
   child tracks `spans 1`, `spans 2`, ... so that no track has a slice
   crossing another;
+- the CPU sampler's samples as instants named `cpu sample` on the thread
+  track itself, each with its callstack (TrackEvent's inline callstack,
+  root frame first; Python frames `function` at `file:line`, the native leaf
+  `function [module]`), args kernel_mode and cpu;
 - child tracks of each thread: `gc` (passes: generation, collected),
   `off-cpu` (preempted/blocked, with preemptor or waker), `runqueue`
   (waits for a CPU) and `migrations` (instants, from and to CPU);
@@ -52,6 +56,7 @@ class _Writer:
     def __init__(self, f):
         self.builder = StreamingTraceProtoBuilder(f)
         self._uuids = itertools.count(1)
+        self.thread_tracks = {}  # (run_id, tid) -> track uuid
         self.packets = 0
         self.first = True
 
@@ -75,7 +80,7 @@ class _Writer:
         self.write(p)
         return uuid
 
-    def event(self, track, ts_ns, kind, name=None, args=(), counter=None):
+    def event(self, track, ts_ns, kind, name=None, args=(), counter=None, callstack=None):
         p = self.packet()
         p.timestamp = int(ts_ns)
         p.timestamp_clock_id = MONOTONIC
@@ -86,6 +91,13 @@ class _Writer:
             ev.name = name
         if counter is not None:
             ev.counter_value = int(counter)
+        for function, source_file, line in callstack or ():
+            fr = ev.callstack.frames.add()
+            fr.function_name = function
+            if source_file:
+                fr.source_file = source_file
+            if line is not None:
+                fr.line_number = int(line)
         for key, value in args:
             if value is None:
                 continue
@@ -157,7 +169,9 @@ def write_trace(source, path, run_ids=None, from_ns=None, to_ns=None):
     runs = _select_runs(source, run_ids)
     lo = from_ns if from_ns is not None else -(2**63)
     hi = to_ns if to_ns is not None else 2**63 - 1
-    counts = dict.fromkeys(("runs", "threads", "spans", "gc", "offcpu", "runq", "migrations"), 0)
+    counts = dict.fromkeys(
+        ("runs", "threads", "spans", "gc", "offcpu", "runq", "migrations", "cpu_samples"), 0
+    )
     counts["counters"] = 0
     with open(path, "wb") as f:
         w = _Writer(f)
@@ -209,7 +223,8 @@ def _write_run(source, w, run, lo, hi, counts):
         "WHERE run_id = ? AND end_ns >= ? AND start_ns <= ? AND end_ns >= start_ns",
         [run_id, lo, hi],
     )
-    kernel = {"offcpu": [], "runq": [], "migrations": []}
+    kernel = {"offcpu": [], "runq": [], "migrations": [], "cpu_samples": []}
+    stacks = {}
     if pid is not None:
         window = [pid, max(lo, begin), min(hi, end)]
         kernel["offcpu"] = _rows(
@@ -231,12 +246,61 @@ def _write_run(source, w, run, lo, hi, counts):
             "AND resolution_ns IS NULL AND ts_ns >= ? AND ts_ns <= ?",
             window,
         )
+        kernel["cpu_samples"] = _rows(
+            source,
+            "SELECT tid, ts_ns, cpu, stack_id, kernel_mode FROM cpu_samples WHERE pid = ? "
+            "AND ts_ns >= ? AND ts_ns <= ? ORDER BY ts_ns",
+            window,
+        )
+        stacks = _callstacks(source, window)
     tids = sorted(
         {r["tid"] for r in span_rows + gc_rows}
         | {r["tid"] for rows in kernel.values() for r in rows}
     )
     for tid in tids:
         _write_thread(w, run, tid, span_rows, gc_rows, kernel, counts)
+        _write_samples(w, w.thread_tracks[(run["run_id"], tid)], tid, kernel, stacks, counts)
+
+
+def _callstacks(source, window):
+    """stack_id -> [(function, file, line)], root frame first, of the
+    samples of process window[0] in [window[1], window[2]]."""
+    rows = _rows(
+        source,
+        "SELECT st.stack_id, st.depth, f.kind, f.file, f.function, f.line FROM cpu_stacks st "
+        "JOIN cpu_frames f USING (frame_id) WHERE st.stack_id IN (SELECT DISTINCT stack_id "
+        "FROM cpu_samples WHERE pid = ? AND ts_ns >= ? AND ts_ns <= ?) "
+        "ORDER BY st.stack_id, st.depth DESC",
+        window,
+    )
+    out = {}
+    for r in rows:
+        if r["kind"] == "native":
+            module = (r["file"] or "?").rsplit("/", 1)[-1]
+            frame = (f"{r['function'] or '[unknown]'} [{module}]", r["file"], None)
+        else:
+            frame = (r["function"] or "<unknown>", r["file"], r["line"])
+        out.setdefault(r["stack_id"], []).append(frame)
+    return out
+
+
+def _write_samples(w, track, tid, kernel, stacks, counts):
+    """The CPU sampler's samples of one thread: instants with their callstack."""
+    n = 0
+    for r in kernel["cpu_samples"]:
+        if r["tid"] != tid:
+            continue
+        args = [("cpu", r["cpu"]), ("kernel_mode", bool(r["kernel_mode"]))]
+        w.event(
+            track,
+            r["ts_ns"],
+            pt.TrackEvent.TYPE_INSTANT,
+            "cpu sample",
+            args,
+            callstack=stacks.get(r["stack_id"], ()),
+        )
+        n += 1
+    counts["cpu_samples"] += n
 
 
 def _write_thread(w, run, tid, span_rows, gc_rows, kernel, counts):
@@ -248,6 +312,7 @@ def _write_thread(w, run, tid, span_rows, gc_rows, kernel, counts):
         t.thread.thread_name = f"tid {tid}"
 
     thread_uuid = w.track(thread)
+    w.thread_tracks[(run["run_id"], tid)] = thread_uuid
     counts["threads"] += 1
     children = {}
 

@@ -22,6 +22,7 @@ from collections import Counter
 from probe_client import wire
 from stallscope.errors import ConfigError, ServiceError
 from stallscope.ingest.census import CensusIngest
+from stallscope.ingest.pystate import PyStateIngest
 from stallscope.ingest.ratelog import RateLimitedLog
 from stallscope.ingest.records import RecordDecoder
 from stallscope.ingest.runs import RunRegistry
@@ -51,7 +52,19 @@ _U64 = struct.Struct("<Q")
 
 
 class Connection:
-    __slots__ = ("sock", "pid", "uid", "gid", "run", "closing")
+    __slots__ = (
+        "sock",
+        "pid",
+        "uid",
+        "gid",
+        "run",
+        "closing",
+        "hello",
+        "pylayout",
+        "window_start",
+        "window_datagrams",
+        "rate",
+    )
 
     def __init__(self, sock, pid, uid, gid):
         self.sock = sock
@@ -60,12 +73,37 @@ class Connection:
         self.gid = gid
         self.run = None
         self.closing = False
+        self.hello = None  # what the HELLO claimed that later datagrams are checked against
+        self.pylayout = False  # a PYLAYOUT of this connection was accepted
+        # datagrams a second, over windows of RATE_WINDOW_S (None until one
+        # window is complete: a new connection's rate is not known yet)
+        self.window_start = time.monotonic()
+        self.window_datagrams = 0
+        self.rate = None
+
+    def datagram_rate(self, now):
+        """Its datagrams a second: the larger of the last complete window's
+        and the current one's (once it is a tenth of a window old), or None
+        while no window is complete."""
+        elapsed = now - self.window_start
+        if elapsed >= RATE_WINDOW_S:
+            self.rate = self.window_datagrams / elapsed
+            self.window_start, self.window_datagrams = now, 0
+            return self.rate
+        if self.rate is None:
+            return None
+        if elapsed >= RATE_WINDOW_S / 10:
+            return max(self.rate, self.window_datagrams / elapsed)
+        return self.rate
+
+
+RATE_WINDOW_S = 1.0
 
 
 _WAKE = object()  # the selector key of Ingest's wake-up pipe
 
 
-class Ingest(RunRegistry, RecordDecoder, CensusIngest):
+class Ingest(RunRegistry, RecordDecoder, CensusIngest, PyStateIngest):
     """The probe socket and everything that comes through it."""
 
     def __init__(
@@ -81,6 +119,9 @@ class Ingest(RunRegistry, RecordDecoder, CensusIngest):
         on_run_end=None,
         on_watch=None,
         on_step_threads=None,
+        on_pylayout=None,
+        on_pythreads=None,
+        proc_root="/proc",
         run_defaults=None,
     ):
         self.store = store
@@ -100,6 +141,12 @@ class Ingest(RunRegistry, RecordDecoder, CensusIngest):
         self.on_watch = on_watch
         # on_step_threads(pid, tids): threads seen emitting spans for the first time.
         self.on_step_threads = on_step_threads
+        # The CPU sampler's report (pystate.py): on_pylayout(pid, run_id, info)
+        # returns None (accepted) or why not; on_pythreads(pid, run_id,
+        # [(tid, tstate)], more) gets the threads that are the peer's own.
+        self.on_pylayout = on_pylayout
+        self.on_pythreads = on_pythreads
+        self.proc_root = proc_root
         self.selector = selectors.DefaultSelector()
         self.conns = {}  # fd -> Connection
         self.runs = {}  # run_id -> RunState (what decode_pending walks)
@@ -186,6 +233,19 @@ class Ingest(RunRegistry, RecordDecoder, CensusIngest):
                 self._read(key.data)
         return self.datagrams - before
 
+    def slow_enough(self, gap_s, max_backlog):
+        """Whether every connection is known to send so few datagrams that
+        `gap_s` without a read queues at most `max_backlog` of them on it (a
+        socket holds ~46 datagrams of 4 KiB). A connection of less than a
+        rate window, or one sending faster, says no: the daemon then reads
+        it round after round instead of gathering."""
+        now = time.monotonic()
+        for conn in self.conns.values():
+            rate = conn.datagram_rate(now)
+            if rate is None or rate * gap_s > max_backlog:
+                return False
+        return True
+
     def wake(self):
         """End the current poll() now; safe in a signal handler."""
         try:
@@ -231,6 +291,7 @@ class Ingest(RunRegistry, RecordDecoder, CensusIngest):
             if not data:
                 self._close(conn)
                 return
+            conn.window_datagrams += 1
             try:
                 self._datagram(conn, data)
             except Exception:
@@ -299,6 +360,12 @@ class Ingest(RunRegistry, RecordDecoder, CensusIngest):
                 return self._reject(None, conn.pid, "no_hello")
             handle = self._event if kind == wire.DGRAM_EVENT else self._census
             return handle(run, data, conn.pid)
+        if kind in (wire.DGRAM_PYLAYOUT, wire.DGRAM_PYTHREADS) and version >= 3:
+            if run is None:
+                return self._reject(None, conn.pid, "no_hello")
+            if kind == wire.DGRAM_PYLAYOUT:
+                return self._pylayout(conn, data)
+            return self._pythreads(conn, data, count, rsize)
         if kind != wire.DGRAM_RECORDS:
             return self._reject(run_id, conn.pid, "bad_kind")
         if run is None:

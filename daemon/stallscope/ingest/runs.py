@@ -133,6 +133,7 @@ class RunRegistry:
             run.connected = True
             run.last_sent_ns = sent_ns
             conn.run = run
+            conn.hello = {"python": info.get("python"), "free_threaded": info.get("free_threaded")}
             self.runs[run.run_id] = run
             if token:
                 self.runs_by_token[(token, conn.pid)] = run

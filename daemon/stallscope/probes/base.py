@@ -135,6 +135,33 @@ class ProbeSettings:
         minimum=1,
     )
     steal_poll_ms: float = _key(100.0, "read /proc/stat's steal time this often, ms", minimum=1)
+    # the CPU sampler: Python stacks of tracked threads on CPU (docs/cpu-sampler.md)
+    cpu_sampler: bool = _key(
+        True,
+        "sample what tracked threads run on CPU: Python frames and the native leaf "
+        "(bcc, a cpu-clock perf event; needs CAP_BPF+CAP_PERFMON)",
+    )
+    cpu_sample_hz: float = _key(
+        1000.0, "CPU sampler: samples per second of each tracked thread while on CPU", minimum=1
+    )
+    cpu_max_depth: int = _key(
+        64,
+        "CPU sampler: Python frames kept per sample, the innermost (deeper stacks are cut "
+        "and counted; the BPF program's load time grows with it: 64 ~3.5 s, at most 192)",
+        minimum=1,
+    )
+    cpu_ring_pages: int = _key(
+        2048,
+        "CPU sampler: sample ring buffer size in pages, a power of two (2048 = 8 MiB, ~7,800 "
+        "samples: 40 busy threads at 1 kHz between two reads)",
+        minimum=1,
+    )
+    cpu_poll_ms: float = _key(
+        200.0,
+        "CPU sampler: read its ring buffers this often while samples come, ms (each read "
+        "costs the daemon ~1 ms whatever it holds)",
+        minimum=1,
+    )
 
 
 class Sink:

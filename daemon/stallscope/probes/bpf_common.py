@@ -55,7 +55,8 @@ def has_bpf_privileges():
 
 def bcc_unavailable(tracepoints, tracefs=TRACEFS, privileged=None):
     """None when bcc can load a program on `tracepoints` ("cat:event") here,
-    else the first missing piece and how to fix it."""
+    else the first missing piece and how to fix it. With `tracefs=None`
+    (a program on perf events only) tracefs is not needed."""
     if not (has_bpf_privileges() if privileged is None else privileged):
         return (
             "needs root or CAP_BPF+CAP_PERFMON (plus CAP_DAC_READ_SEARCH "
@@ -68,7 +69,12 @@ def bcc_unavailable(tracepoints, tracefs=TRACEFS, privileged=None):
             "bcc not installed: apt-get install python3-bpfcc, then "
             "scripts/bootstrap.sh links it into the venv"
         )
-    if not os.path.isdir(f"{tracefs}/events"):
+    if tracefs is not None and not os.path.isdir(f"{tracefs}/events"):
+        if os.path.isdir(tracefs) and not os.access(tracefs, os.R_OK | os.X_OK):
+            return (
+                f"tracefs at {tracefs} is not readable by this user: needs "
+                "CAP_DAC_READ_SEARCH (or root)"
+            )
         return f"tracefs not mounted at {tracefs}: mount -t tracefs tracefs {tracefs}"
     for tp in tracepoints:
         category, _, event = tp.partition(":")
@@ -111,7 +117,10 @@ def struct_dtype(ctype):
     """The numpy dtype of a bcc ctypes struct, at the compiler's offsets.
 
     char arrays become bytes fields ('S16'), padding fields that bcc names
-    `__pad_*` are left out (the offsets keep the holes)."""
+    `__pad_*` are left out (the offsets keep the holes). Nested structs
+    become structured fields and other arrays subarrays (an array of
+    structs, a u8 array as raw bytes), so a record holding
+    `struct frame frames[64]` reads as `rec["frames"]["code"]`."""
     import ctypes as ct
 
     names, formats, offsets = [], [], []
@@ -119,16 +128,24 @@ def struct_dtype(ctype):
         name, ftype = field[0], field[1]
         if name.startswith("__pad"):
             continue
-        if issubclass(ftype, ct.Array) and ftype._type_ is ct.c_char:
-            fmt = f"S{ftype._length_}"
-        else:
-            fmt = np.dtype(ftype).str
         names.append(name)
-        formats.append(fmt)
+        formats.append(_field_dtype(ftype))
         offsets.append(getattr(ctype, name).offset)
     return np.dtype(
         {"names": names, "formats": formats, "offsets": offsets, "itemsize": ct.sizeof(ctype)}
     )
+
+
+def _field_dtype(ftype):
+    import ctypes as ct
+
+    if isinstance(ftype, type) and issubclass(ftype, ct.Structure):
+        return struct_dtype(ftype)
+    if isinstance(ftype, type) and issubclass(ftype, ct.Array):
+        if ftype._type_ is ct.c_char:
+            return np.dtype(f"S{ftype._length_}")
+        return np.dtype((_field_dtype(ftype._type_), (ftype._length_,)))
+    return np.dtype(ftype)
 
 
 def map_value_dtype(bpf, map_name):
@@ -256,6 +273,13 @@ class RingReader:
         if not parts:
             return np.empty(0, dtype=self.dtype)
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    def fill(self):
+        """The fraction of the ring holding unread records (0..1), from the two
+        positions alone: cheap enough to ask every tick."""
+        cons = struct.unpack_from("<Q", self._cons, 0)[0]
+        prod = struct.unpack_from("<Q", self._prod, 0)[0]
+        return min(prod - cons, self._size) / self._size
 
     def _read_once(self):
         cons = struct.unpack_from("<Q", self._cons, 0)[0]

@@ -18,6 +18,7 @@ import logging
 import threading
 import time
 
+from stallscope import threads
 from stallscope.probes import bpf_common
 from stallscope.probes.base import Probe
 from stallscope.vocab.log_channels import log_channel
@@ -216,6 +217,10 @@ class BccTracepointProbe(Probe):
     # -- reading -----------------------------------------------------------------
 
     def _reader(self):
+        ring = self._ring
+        # A ring more than half full raises the reader to normal priority
+        # until it is drained (threads.check_backlogs, from the main loop).
+        threads.background(f"{self.name}-reader", backlog=ring.fill)
         t_cpu = time.thread_time_ns()
         cadence = bpf_common.Cadence(self.poll_s)
         wait_s = self.poll_s

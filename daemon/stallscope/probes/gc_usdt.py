@@ -32,6 +32,7 @@ import select
 import threading
 import time
 
+from stallscope import threads
 from stallscope.probes.base import Probe
 
 log = logging.getLogger(__name__)
@@ -253,6 +254,7 @@ class UsdtGcProbe(Probe):
         return not os.path.exists(f"/proc/{followed.pid}")
 
     def _loop(self):
+        threads.background("gc-usdt")
         while not self._stop.is_set():
             with self._lock:
                 followed = list(self._followed.values())

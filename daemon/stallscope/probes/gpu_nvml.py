@@ -22,6 +22,7 @@ import threading
 import time
 from collections import deque
 
+from stallscope import threads
 from stallscope.errors import ProbeError
 from stallscope.probes.base import Probe, ProbeSettings
 from stallscope.probes.gpu_buffers import DriverBuffers, GpuLost, raiser
@@ -233,6 +234,12 @@ class NvmlGpuProbe(DriverBuffers, Probe):
     def _run(self):
         period_ns = int(1e9 / self.poll_hz)
         deadline = time.monotonic_ns()
+        state = {"deadline": deadline}
+        # Background priority; more than two periods late (the CPU is taken
+        # by everything else) raises it until it keeps its rate again.
+        threads.background(
+            "gpu-poll", backlog=lambda: (time.monotonic_ns() - state["deadline"]) / (4 * period_ns)
+        )
         while not self._stop.is_set():
             try:
                 with self._lock:
@@ -247,6 +254,7 @@ class NvmlGpuProbe(DriverBuffers, Probe):
                         "GPU poll failed (%d so far); continuing", self.counters["tick_errors"]
                     )
             deadline += period_ns
+            state["deadline"] = deadline
             now = time.monotonic_ns()
             if now > deadline:  # fell behind (load, slow driver): skip, don't burst
                 self.counters["late_ticks"] += (now - deadline) // period_ns + 1

@@ -22,6 +22,8 @@ PROBES = {
     "irq": ["stallscope.probes.irq_bcc:BccIrqProbe"],
     "steal": ["stallscope.probes.steal_proc:ProcStealProbe"],
     "syscalls": ["stallscope.probes.syscalls_bcc:BccSyscallsProbe"],
+    # what tracked threads run on CPU, Python frames included (docs/cpu-sampler.md)
+    "cpu": ["stallscope.probes.cpu_bcc:BccCpuProbe"],
 }
 
 

@@ -22,6 +22,7 @@ import time
 
 import numpy as np
 
+from stallscope import threads
 from stallscope.probes import bpf_common
 from stallscope.probes.base import Probe
 from stallscope.probes.sched_resolve import TgidResolver, who_columns
@@ -259,6 +260,10 @@ class BccSchedProbe(Probe):
     # -- reading the ring ------------------------------------------------------
 
     def _reader(self):
+        ring = self._ring
+        # A ring more than half full raises the reader to normal priority
+        # until it is drained (threads.check_backlogs, from the main loop).
+        threads.background("sched-reader", backlog=ring.fill)
         t_cpu = time.thread_time_ns()
         cadence = bpf_common.Cadence(self.poll_s)
         wait_s = self.poll_s

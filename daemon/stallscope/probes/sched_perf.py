@@ -24,6 +24,7 @@ import struct
 import threading
 import time
 
+from stallscope import threads
 from stallscope.probes.base import Probe
 from stallscope.probes.perf_events import (
     CLOCK_MONOTONIC,
@@ -271,6 +272,7 @@ class PerfSchedProbe(Probe):
     # -- reading ---------------------------------------------------------------
 
     def _reader(self):
+        threads.background("sched-perf")
         t_cpu = time.thread_time_ns()
         while not self._stop.wait(self.poll_s):
             try:

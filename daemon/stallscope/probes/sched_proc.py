@@ -26,6 +26,7 @@ try:  # typed NULL columns; without pyarrow they stay lists
 except ImportError:  # pragma: no cover
     pa = None
 
+from stallscope import threads
 from stallscope.probes.base import Probe
 
 log = logging.getLogger(__name__)
@@ -202,6 +203,7 @@ class ProcSchedProbe(Probe):
             threads[tid] = t
 
     def _run(self):
+        threads.background("sched-proc")
         next_ns = time.monotonic_ns()
         while not self._stop.is_set():
             next_ns += self.period_ns

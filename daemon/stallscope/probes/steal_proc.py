@@ -18,6 +18,7 @@ import time
 
 import numpy as np
 
+from stallscope import threads
 from stallscope.probes.base import Probe
 
 log = logging.getLogger(__name__)
@@ -81,6 +82,7 @@ class ProcStealProbe(Probe):
         self._thread.start()
 
     def _run(self):
+        threads.background("steal")
         # While no CPU is stolen from, the wait doubles up to IDLE_MAX_S (the
         # row that ends a quiet stretch then starts where it began, with the
         # same total); any steal brings it back to steal_poll_ms.

@@ -118,11 +118,44 @@ _DAEMON_AND_BACKEND_KEYS = [
         "daemon",
         "step_fill_interval_s",
         "float",
-        10.0,
+        30.0,
         "STALLSCOPE_STEP_FILL_INTERVAL_S",
         "step_fill_interval_s",
         minimum=0.1,
-        doc="store settled steps' attribution components (step_components) this often, seconds",
+        doc="store settled steps' attribution components (step_components) this often, seconds "
+        "(a cycle costs ~0.2 s of CPU whatever its size: planning the views; steps not filled "
+        "yet are computed when read)",
+    ),
+    Key(
+        "daemon",
+        "max_backlog_rows",
+        "int",
+        500_000,
+        "STALLSCOPE_MAX_BACKLOG_ROWS",
+        "max_backlog_rows",
+        minimum=10_000,
+        doc="rows queued for the database beyond which new rows are dropped and recorded as "
+        "losses (reason daemon_backlog); ingest pauses reading clients at half of it",
+    ),
+    Key(
+        "daemon",
+        "duckdb_threads",
+        "int",
+        1,
+        "STALLSCOPE_DUCKDB_THREADS",
+        "duckdb_threads",
+        minimum=1,
+        doc="DuckDB worker threads (1: none of its own; more are started at idle priority)",
+    ),
+    Key(
+        "daemon",
+        "keep_off_engine_cpus",
+        "bool",
+        True,
+        "STALLSCOPE_KEEP_OFF_ENGINE_CPUS",
+        "keep_off_engine_cpus",
+        doc="keep the daemon's threads off the CPUs traced processes may run on, when "
+        "another CPU is allowed",
     ),
     Key(
         "probes",

@@ -15,6 +15,7 @@ import threading
 
 from prometheus_client import CollectorRegistry, start_http_server
 
+from stallscope import threads
 from stallscope.errors import ConfigError
 from stallscope.service.config import parse_listen
 from stallscope.service.metrics import Metrics
@@ -37,6 +38,7 @@ class _AlertFollower:
         self._thread.start()
 
     def _run(self):
+        threads.background("metrics-alerts")
         while not self.sub.closed:
             items, _ = self.sub.take(0.5)
             for _, batch in items:

@@ -20,6 +20,7 @@ import threading
 import time
 
 from stallscope import probes as probe_registry
+from stallscope import threads
 from stallscope.errors import ConfigError
 from stallscope.ingest.listener import Ingest
 from stallscope.ingest.sockets import prepare_path
@@ -27,12 +28,13 @@ from stallscope.probes import bpf_common
 from stallscope.probes.base import ProbeSettings, Sink
 from stallscope.service.deep import DeepWindows
 from stallscope.service.export import DaemonExports
+from stallscope.service.placement import Placement
 from stallscope.service.selfstats import SelfStats
 from stallscope.service.systemd import endpoint
 from stallscope.service.systemd import reload as config_reload
 from stallscope.service.watch import PidWatcher
 from stallscope.store.coverage import Coverage
-from stallscope.store.database import DB_UMASK, Store
+from stallscope.store.database import DB_UMASK, DEFAULT_MAX_BACKLOG_ROWS, Store
 from stallscope.store.retention import Retention
 from stallscope.store.step_fill import StepFiller
 from stallscope.vocab.log_channels import log_channel
@@ -50,10 +52,12 @@ DECODE_INTERVAL_S = 0.25
 # cadence used to do this: it added up to 20 ms to every event and woke 50
 # times a second whether or not anything came (bench/results/api.md).
 LIVE_DECODE_INTERVAL_S = 0.005
-# Rows queued for the database beyond which ingest stops reading sockets for
-# a moment: clients then see full sockets and count drops, and the daemon's
-# memory stays bounded instead of growing with a backlog.
-MAX_PENDING_ROWS = 250_000
+# Ingest stops reading sockets for a moment while the rows queued for the
+# database pass this share of the store's backlog bound (daemon.max_backlog_rows)
+# and the writer can be raised to normal priority to catch up: clients then
+# see full sockets and count drops (reported as gaps), the probes' rows keep
+# their room below the bound, and memory stays bounded.
+INGEST_PAUSE_SHARE = 0.5
 # Records read but not yet decoded beyond which decoding does not wait for
 # the interval: the raw bytes were outside the bound above, and under a flood
 # ~10 selector rounds (1.3 M records, ~500 MB once decoded and queued) used to
@@ -62,12 +66,29 @@ DECODE_BATCH_RECORDS = 65_536
 # With nothing arriving, the loop wakes this often (watchdog, deep windows,
 # SIGHUP, self statistics) instead of every 50 ms.
 IDLE_TICK_S = 0.5
+# Light traffic (fewer datagrams a round than this) gathers for the gap
+# before the next read: a client sends every 20 ms and its socket holds
+# seconds of that, so waking 5 times a second instead of 20 halved the main
+# loop's CPU at 200 steps/s (bench/daemon_footprint.py).
 LIGHT_ROUND_DATAGRAMS = 8
-LIGHT_ROUND_GAP_S = 0.05
+LIGHT_ROUND_GAP_S = 0.2
+# ... but only while every connection is known to send slowly enough that
+# the gap queues at most this many datagrams on it (a client socket holds
+# ~46 of 4 KiB; ingest measures each connection's rate over 1 s windows). A
+# new connection, or a client flushing 1,000 datagrams a second, is read
+# round after round: a blind 200 ms gather overflowed such a client's
+# socket (counted drops from a well-behaved client) and outlasted close()'s
+# wait for the BYE.
+LIGHT_ROUND_MAX_BACKLOG = 16
 TICK_S = 0.1
+# Threads that registered no role (DuckDB's, Arrow's, gRPC's) are moved to
+# idle priority this often (stallscope.threads.sweep).
+SWEEP_S = 1.0
 # Kernel-cause probes (docs/kernel-causes.md), started after sched and gpu;
 # `kernel_causes = none` leaves them off.
 KERNEL_CAUSE_PROBES = ("page_faults", "irq", "steal", "syscalls")
+# The CPU sampler (docs/cpu-sampler.md), last; `cpu_sampler = false` leaves it off.
+CPU_PROBE = "cpu"
 
 
 def limit_allocator_caches():
@@ -120,9 +141,12 @@ class Daemon:
         config=None,
         retention_limits=None,
         stop_event=None,
-        step_fill_interval_s=10.0,
+        step_fill_interval_s=30.0,
         metrics_listen=None,
         metrics_max_label_values=32,
+        max_backlog_rows=DEFAULT_MAX_BACKLOG_ROWS,
+        duckdb_threads=1,
+        keep_off_engine_cpus=True,
     ):
         self.settings = settings or ProbeSettings()
         limit_allocator_caches()
@@ -131,7 +155,16 @@ class Daemon:
         os.umask(os.umask(DB_UMASK) | DB_UMASK)
         if (config or {}).get("export.after_retention") and not config.get("export.parquet_dir"):
             raise ConfigError("export.after_retention needs export.parquet_dir (--export-dir DIR)")
-        self.store = Store(db_path, flush_interval_s=flush_interval_s)
+        # The main thread keeps pace with the clients (the probe socket); all
+        # work that can wait runs on background threads (stallscope.threads).
+        threads.paced("main")
+        self.store = Store(
+            db_path,
+            flush_interval_s=flush_interval_s,
+            max_backlog_rows=max_backlog_rows,
+            duckdb_threads=duckdb_threads,
+        )
+        self.placement = Placement(enabled=keep_off_engine_cpus)
         self.sink = StoreSink(self.store)
         self.coverage = Coverage(self.store)
         self.selfstats = SelfStats(self.store)
@@ -174,6 +207,9 @@ class Daemon:
                 socket_group=group,
                 on_watch=self.watcher.request,
                 on_step_threads=self._step_threads,
+                on_pylayout=self._pylayout,
+                on_pythreads=self._pythreads,
+                proc_root=self.settings.proc_root,
                 run_defaults=self._run_defaults(),
             )
         except BaseException:
@@ -204,7 +240,9 @@ class Daemon:
     def _start_probes(self, sched_backend, gpu_backend):
         causes = None if self.settings.kernel_causes else "none"
         wanted = [("sched", sched_backend), ("gpu", gpu_backend)]
-        for name, prefer in wanted + [(n, causes) for n in KERNEL_CAUSE_PROBES]:
+        wanted += [(n, causes) for n in KERNEL_CAUSE_PROBES]
+        wanted.append((CPU_PROBE, None if self.settings.cpu_sampler else "none"))
+        for name, prefer in wanted:
             if prefer == "none":
                 self.store.record_probe_status(
                     name, None, "unavailable", "disabled by configuration"
@@ -278,6 +316,31 @@ class Daemon:
                 log.warning(
                     "%s probe could not keep pid %d's step threads: %s", probe.name, pid, exc
                 )
+
+    def _probe(self, name):
+        return next((p for p in self.probes if p.name == name), None)
+
+    def _pylayout(self, pid, run_id, info):
+        """A client's interpreter layout (ingest/pystate.py): None when the
+        CPU sampler took it (or there is none to take it), else why not."""
+        probe = self._probe(CPU_PROBE)
+        if probe is None:
+            return None
+        try:
+            return probe.accept_layout(pid, run_id, info)
+        except Exception as exc:
+            log.warning("cpu probe could not take pid %d's layout: %s", pid, exc)
+            return f"{type(exc).__name__}: {exc}"
+
+    def _pythreads(self, pid, run_id, threads, more):
+        """A client's (tid, thread state) list, the peer's own threads only."""
+        probe = self._probe(CPU_PROBE)
+        if probe is None:
+            return
+        try:
+            probe.set_threads(pid, run_id, threads, more)
+        except Exception as exc:
+            log.warning("cpu probe could not take pid %d's threads: %s", pid, exc)
 
     def track_external(self, pid, run_id, followed_ns):
         """A process followed with no client (service/watch.py): the other
@@ -400,8 +463,15 @@ class Daemon:
         if self.notify:
             self.notify.ready(self)
         last_decode = last_tick = time.monotonic()
+        last_sweep = 0.0
         while not self._stop.is_set():
-            if self.store.pending_rows > MAX_PENDING_ROWS:
+            if self.store.backlog() > INGEST_PAUSE_SHARE and not threads.boost_refused():
+                # Push back on the clients while the writer, raised to normal
+                # priority, catches up. A writer that cannot be raised may not
+                # catch up before clients exit with full sockets (their tails
+                # would go unreported): then ingest reads on and the store's
+                # bound drops what does not fit, counted per run.
+                threads.check_backlogs()
                 self._stop.wait(0.01)
                 continue
             live = self.api is not None and self.api.live_subscribers() > 0
@@ -414,7 +484,11 @@ class Daemon:
             else:
                 due = last_tick + IDLE_TICK_S
             read = self.ingest.poll(min(IDLE_TICK_S, max(0.0, due - now)))
-            if 0 < read < LIGHT_ROUND_DATAGRAMS and not live:
+            if (
+                0 < read < LIGHT_ROUND_DATAGRAMS
+                and not live
+                and self.ingest.slow_enough(LIGHT_ROUND_GAP_S, LIGHT_ROUND_MAX_BACKLOG)
+            ):
                 # Light traffic (a client sends every 20 ms): let a few
                 # datagrams gather instead of waking for each; heavy traffic
                 # is read round after round (the queue holds 128 datagrams).
@@ -429,6 +503,11 @@ class Daemon:
                 last_tick = now
                 self.deep.tick()
                 self.watcher.tick()
+                threads.check_backlogs()
+                if now >= last_sweep + SWEEP_S:
+                    last_sweep = now
+                    threads.sweep()
+                self.placement.tick(self.tracked_pids)
                 self.selfstats.tick(self.tracked_pids)
                 if self._reload.is_set():
                     self._reload.clear()

@@ -22,6 +22,7 @@ import threading
 import time
 
 from probe_client import wire
+from stallscope import threads
 from stallscope.vocab.log_channels import log_channel
 
 log = logging.getLogger(log_channel(__name__))
@@ -131,6 +132,7 @@ class PidWatcher:
         return None
 
     def _watch(self, conn, pid, label):
+        threads.background(f"watch-{pid}")
         try:
             run_id, reason = self._follow(pid, label)
         except Exception as exc:

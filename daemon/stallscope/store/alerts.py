@@ -31,6 +31,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from stallscope import threads
 from stallscope.store.fanout import Filter
 from stallscope.vocab import event_kinds, rules
 from stallscope.vocab.log_channels import log_channel
@@ -212,6 +213,7 @@ class StallDetector:
         self._thread.join(timeout=2)
 
     def _run(self):
+        threads.background("alerts")
         while not self.sub.closed:
             items, _ = self.sub.take(0.02 if self.pending else 0.5)
             if items:

@@ -1,11 +1,16 @@
 """The DuckDB store: one database file, batched columnar appends, views.
 
 Producers (ingest, kernel and GPU probes) hand over whole column batches with
-`append()`; a writer thread inserts everything queued, in one transaction,
-as Arrow tables, never row by row, when the oldest queued batch is
-`flush_interval_s` old (default 0.5 s) or `flush_rows` rows are queued,
-whichever comes first, and sleeps while nothing is queued: each INSERT costs
-~1 ms of CPU whatever its size, so the cost follows the data, not a clock.
+`append()`; a writer thread inserts what is queued, in one transaction, as
+Arrow tables, never row by row, and sleeps while nothing is queued: each
+INSERT costs 1-3 ms of CPU whatever its size, so the cost follows the
+batches, not the rows. The clients' tables (spans, GC passes, runs and the
+bookkeeping) are written when their oldest queued batch is
+`flush_interval_s` old (0.5 s: a SIGKILL loses at most ~0.75 s of a run);
+the probes' own tables (`PROBE_TABLES`: off-CPU, run-queue, kernel causes,
+GPU samples, the daemon's own stats) when theirs is `probe_flush_interval_s`
+old (2 s), which writes each of them a quarter as often; everything when
+`flush_rows` rows are queued.
 A reader that asks for a cursor (`cursor()`: the gRPC Query, status) first
 gets everything appended so far written. Small bookkeeping statements
 (`sql()`, and what flush hooks return) ride in the same transaction so that,
@@ -28,7 +33,9 @@ import time
 import duckdb
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
+from stallscope import threads
 from stallscope.store.migrations import apply_schema, stored_tables
 from stallscope.store.recovery import LOSS_SQL, Recovery, transient
 from stallscope.vocab.log_channels import log_channel
@@ -105,6 +112,60 @@ DB_UMASK = 0o027
 DB_MODE = 0o640
 
 
+# The probes' own tables, written every probe_flush_interval_s rather than
+# every flush_interval_s (their rows have no client waiting to see them
+# stored; a reader's cursor() still writes them first).
+PROBE_TABLES = frozenset(
+    {
+        "offcpu",
+        "runq",
+        "migrations",
+        "sched_summary",
+        "syscalls",
+        "page_faults",
+        "irq_time",
+        "steal",
+        "nvml_samples",
+        "nvml_clock_sync",
+        "daemon_stats",
+    }
+)
+# Tables never dropped at the bound: they are the record of what was lost.
+_NEVER_DROPPED = frozenset({"losses", "probe_status", "ingest_errors"})
+DEFAULT_MAX_BACKLOG_ROWS = 500_000
+
+
+def _time_range(batch):
+    """(first, last) time of a batch's rows, from its first time column."""
+    for name in ("start_ns", "ts_ns"):
+        if name in batch.column_names:
+            col = batch[name]
+            lo, hi = pc.min(col).as_py(), pc.max(col).as_py()
+            if lo is not None:
+                return int(lo), int(hi)
+    now = time.monotonic_ns()
+    return now, now
+
+
+def _from_background_thread(fn):
+    """fn() on a short-lived background thread (what it starts inherits its
+    SCHED_IDLE), waited for."""
+    errors = []
+
+    def run():
+        threads.background("store-setup")
+        try:
+            fn()
+        except Exception as exc:
+            errors.append(exc)
+
+    t = threading.Thread(target=run, name="store-setup")
+    t.start()
+    t.join()
+    if errors:
+        raise errors[0]
+
+
 def _restrict(path):
     """Mode 0640 for a database file the daemon opens."""
     try:
@@ -117,7 +178,15 @@ class Store(Recovery):
     """The daemon's one writable connection to the database file."""
 
     def __init__(
-        self, path, flush_interval_s=0.5, memory_limit="128MB", sandbox=True, flush_rows=50_000
+        self,
+        path,
+        flush_interval_s=0.5,
+        memory_limit="128MB",
+        sandbox=True,
+        flush_rows=50_000,
+        max_backlog_rows=DEFAULT_MAX_BACKLOG_ROWS,
+        duckdb_threads=1,
+        probe_flush_interval_s=2.0,
     ):
         self.path = str(path)
         parent = os.path.dirname(os.path.abspath(self.path))
@@ -127,22 +196,44 @@ class Store(Recovery):
         os.makedirs(parent, mode=0o750, exist_ok=True)
         # DuckDB's buffer pool defaults to 80% of RAM; a tracing daemon on a
         # serving host must stay small (measured in bench/ingest_throughput.py).
-        self._config = {"memory_limit": memory_limit}
+        # threads = 1 and no async I/O threads: DuckDB starts no thread of its
+        # own (it would start 8 I/O threads by default), so every query runs
+        # on the thread that asks (background ones: the writer, the step
+        # fill, retention, the API's query pool). More workers are started
+        # by a background thread, whose SCHED_IDLE they inherit.
+        self._config = {"memory_limit": memory_limit, "threads": 1, "async_threads": 0}
         if sandbox:
             self._config.update(SANDBOX_CONFIG)
         self.con = duckdb.connect(self.path, config=self._config)
         _restrict(self.path)
         apply_schema(self.con)
+        self.duckdb_threads = max(1, int(duckdb_threads))
+        if self.duckdb_threads > 1:
+            _from_background_thread(
+                lambda: self.con.execute(f"SET threads = {self.duckdb_threads}")
+            )
         if sandbox:
             self.con.execute("SET lock_configuration = true")
         self.sandboxed = sandbox
         self.flush_interval_s = flush_interval_s
+        self.probe_flush_interval_s = max(flush_interval_s, probe_flush_interval_s)
         self.flush_rows = flush_rows
+        # The probes' rows queued beyond this are dropped, each batch counted
+        # as a loss ('daemon_backlog'): the writer runs at idle priority and a
+        # host whose CPUs are all busy can starve it; memory stays bounded and
+        # nothing is lost unreported. Clients' rows are held back by ingest
+        # instead (it stops reading their sockets while the writer, raised to
+        # normal priority, catches up), and dropped the same way only when
+        # the writer cannot be raised (then ingest reads on).
+        self.max_backlog_rows = int(max_backlog_rows)
+        self.rows_dropped = 0
+        self._dropped = {}  # (table, run_id) -> [rows, first, last time] not yet recorded
         self._lock = threading.Lock()
         self._tables = {}  # table -> list of pa.Table waiting
         self.pending_rows = 0  # rows queued and not yet written
         self._statements = []  # (sql, params) waiting, in order
-        self._oldest = None  # monotonic seconds of the oldest queued write
+        self._oldest = None  # monotonic seconds of the oldest queued write (clients' tables)
+        self._oldest_probe = None  # ... of PROBE_TABLES
         self._due = threading.Condition(self._lock)  # the writer sleeps on it
         self._hooks = []  # fn() -> [(sql, params)] at the start of each flush
         self._listeners = []
@@ -182,14 +273,44 @@ class Store(Recovery):
         if batch.num_rows == 0:
             return
         with self._lock:
+            if self.pending_rows + batch.num_rows > self.max_backlog_rows and (
+                table in PROBE_TABLES or (table not in _NEVER_DROPPED and threads.boost_refused())
+            ):
+                self._drop(table, batch)
+                return
             self._tables.setdefault(table, []).append(batch)
             self.pending_rows += batch.num_rows
-            self._queued()
+            self._queued(table in PROBE_TABLES)
         for listener in self._listeners:
             try:
                 listener(table, batch)
             except Exception:
                 log.exception("store listener failed")
+
+    def _drop(self, table, batch):
+        """Count a batch past the backlog bound (lock held); its loss rows are
+        written with the next flush, per run where the rows name one (so a
+        run's stored and lost records still add up to what its client made)."""
+        if "run_id" in batch.column_names:
+            parts = [
+                (run_id, batch.filter(pc.equal(batch["run_id"], run_id)))
+                for run_id in pc.unique(batch["run_id"]).to_pylist()
+                if run_id is not None
+            ]
+        else:
+            parts = [(None, batch)]
+        for run_id, part in parts:
+            lo, hi = _time_range(part)
+            entry = self._dropped.setdefault((table, run_id), [0, lo, hi])
+            entry[0] += part.num_rows
+            entry[1] = min(entry[1], lo)
+            entry[2] = max(entry[2], hi)
+        self.rows_dropped += batch.num_rows
+        self._queued()
+
+    def backlog(self):
+        """The fraction of the backlog bound in use (the writer's gauge)."""
+        return self.pending_rows / max(1, self.max_backlog_rows)
 
     def sql(self, statement, params=None):
         """Queue a bookkeeping statement for the next flush's transaction."""
@@ -197,12 +318,16 @@ class Store(Recovery):
             self._statements.append((statement, params))
             self._queued()
 
-    def _queued(self):
+    def _queued(self, probe_table=False):
         """Called with the lock held after anything was queued."""
-        if self._oldest is None:
+        if probe_table:
+            if self._oldest_probe is None:
+                self._oldest_probe = time.monotonic()
+                self._due.notify()
+        elif self._oldest is None:
             self._oldest = time.monotonic()
             self._due.notify()
-        elif self.pending_rows >= self.flush_rows:
+        if self.pending_rows >= self.flush_rows:
             self._due.notify()
 
     def add_flush_hook(self, fn):
@@ -242,7 +367,7 @@ class Store(Recovery):
         """A cursor on the same database for reads from another thread; with
         `fresh`, what was appended before the call is written first (read your
         writes). Callers holding a lock a flush hook takes pass fresh=False."""
-        if fresh and (self._oldest is not None or self._hooks):
+        if fresh and (self._oldest is not None or self._oldest_probe is not None or self._hooks):
             self.flush()
         return self.con.cursor()
 
@@ -256,24 +381,40 @@ class Store(Recovery):
         self._thread.start()
 
     def _run(self):
+        threads.background("store", backlog=self.backlog)
         while not self._stop.is_set():
             with self._lock:
                 # Asleep while nothing is queued; then until the oldest write
-                # is flush_interval_s old or flush_rows rows wait.
+                # of either kind is due or flush_rows rows wait.
                 while not self._stop.is_set():
-                    if self._oldest is not None:
-                        wait = self._oldest + self.flush_interval_s - time.monotonic()
-                        if wait <= 0 or self.pending_rows >= self.flush_rows:
-                            break
-                    else:
-                        wait = None
+                    now = time.monotonic()
+                    dues = [
+                        oldest + interval - now
+                        for oldest, interval in (
+                            (self._oldest, self.flush_interval_s),
+                            (self._oldest_probe, self.probe_flush_interval_s),
+                        )
+                        if oldest is not None
+                    ]
+                    wait = min(dues) if dues else None
+                    if self.pending_rows >= self.flush_rows or (wait is not None and wait <= 0):
+                        break
                     self._due.wait(wait)
+                probe_due = self.pending_rows >= self.flush_rows or (
+                    self._oldest_probe is not None
+                    and self._oldest_probe + self.probe_flush_interval_s <= time.monotonic()
+                )
             if self._stop.is_set():
                 return
-            self.flush()
+            try:
+                self.flush(probe_tables=probe_due)
+            except Exception:  # a bug here must not end all writing: say it, go on
+                log.exception("store flush failed; the writer goes on")
+                self._stop.wait(self.flush_interval_s)
 
-    def flush(self):
-        """Write everything queued so far, in one transaction if possible.
+    def flush(self, probe_tables=True):
+        """Write everything queued so far (with `probe_tables` false: all but
+        the probes' tables), in one transaction if possible.
 
         If the transaction fails because the disk is full, everything is kept
         for the next flush (bounded, see `_retain`). If it fails otherwise,
@@ -287,9 +428,24 @@ class Store(Recovery):
                 except Exception:
                     log.exception("store flush hook failed")
             with self._lock:
-                tables, self._tables = self._tables, {}
+                if probe_tables or not self._oldest_probe:
+                    tables, self._tables = self._tables, {}
+                    self._oldest_probe = None
+                else:
+                    tables = {t: b for t, b in self._tables.items() if t not in PROBE_TABLES}
+                    self._tables = {t: b for t, b in self._tables.items() if t in PROBE_TABLES}
                 statements, self._statements = self._statements + hooked, []
                 self._oldest = None
+                dropped, self._dropped = self._dropped, {}
+            for (table, run_id), (rows, lo, hi) in dropped.items():
+                statements.append((LOSS_SQL, [run_id, table, lo, hi, rows, "daemon_backlog"]))
+                log.warning(
+                    "dropped %d %s rows past the backlog bound (daemon.max_backlog_rows = %d): "
+                    "the writer could not keep up (recorded in losses, reason daemon_backlog)",
+                    rows,
+                    table,
+                    self.max_backlog_rows,
+                )
             if not tables and not statements:
                 return 0
             queued = sum(b.num_rows for bs in tables.values() for b in bs)

@@ -21,8 +21,9 @@ log = logging.getLogger(log_channel(__name__))
 
 # Rows kept in memory while the database cannot be written (disk full). About
 # 100 bytes a span row: ~50 MB at the bound. Ingest stops reading sockets at
-# 250k queued rows (server.MAX_PENDING_ROWS), so only kernel and GPU probes
-# push past that; clients count their own drops and report them as gaps.
+# half the backlog bound (server.INGEST_PAUSE_SHARE of daemon.max_backlog_rows),
+# so only kernel and GPU probes push past that; clients count their own drops
+# and report them as gaps.
 MAX_RETAINED_ROWS = 500_000
 MAX_RETAINED_STATEMENTS = 100_000
 _REPORT_EVERY_S = 30.0
@@ -118,6 +119,8 @@ class Recovery:
             self.pending_rows += put_back - dropped_rows
             if self._oldest is None:
                 self._oldest = now_s  # the writer retries in flush_interval_s
+            if self._oldest_probe is None:
+                self._oldest_probe = now_s  # and the probes' rows with it
         self._kept = kept
         self.rows_lost += dropped_rows + dropped_stmts
         if self.unwritable_since is None:

@@ -10,7 +10,10 @@ rows' share of the used size says the excess needs (`_trim_to_size`), and
 kernel/GPU rows older than the oldest run kept (or, when no ended run is
 left, the older half of them); then CHECKPOINTs. It never deletes a run
 that is still connected, never holds the writer off longer than one round,
-and never deletes anything when no limit is set.
+and never deletes anything when no limit is set. The CPU sampler's stacks
+and frames (schema 140) are dictionaries, not timed rows: one is deleted
+once no sample (stack) uses it and it is older than two id epochs
+(`vocab.schema.CPU_STACK_EPOCH_NS`: the sampler never names it again).
 
 What frees space in DuckDB (measured, duckdb 2.0, bench figures in
 docs/systemd.md): DELETE alone only grows the WAL; CHECKPOINT turns fully
@@ -26,7 +29,9 @@ import os
 import threading
 import time
 
+from stallscope import threads
 from stallscope.vocab.log_channels import log_channel
+from stallscope.vocab.schema import CPU_STACK_EPOCH_NS
 
 log = logging.getLogger(log_channel(__name__))
 
@@ -38,6 +43,12 @@ KEEP_TABLES = {"runs", "probe_status"}
 # next check does not immediately trim again.
 SIZE_TARGET_FRACTION = 0.9
 NS_PER_DAY = 86_400 * 10**9
+# (dictionary table, its id, the table naming ids, that column), in the order
+# they are swept: stacks once no sample names them, then frames once no stack does.
+DICTIONARY_TABLES = (
+    ("cpu_stacks", "stack_id", "cpu_samples", "stack_id"),
+    ("cpu_frames", "frame_id", "cpu_stacks", "frame_id"),
+)
 
 
 class Limits:
@@ -119,6 +130,7 @@ class Retention:
         self._thread = None
         self.last = {}  # what the last check did (status, tests)
         self.checks = 0
+        self._now_mono = time.monotonic_ns()
 
     # ----- thread ----------------------------------------------------------------
     def start(self):
@@ -136,6 +148,7 @@ class Retention:
             self._thread.join(timeout=30)
 
     def _run(self):
+        threads.background("retention")
         while not self._stop.is_set():
             try:
                 self.check()
@@ -170,6 +183,7 @@ class Retention:
                 run_tables, timed = _tables(cur)
                 done["before_bytes"] = used_bytes(cur, path)
                 changed = False
+                self._now_mono = now_mono
                 if limits.max_age_days > 0:
                     age_ns = int(limits.max_age_days * NS_PER_DAY)
                     old = [
@@ -182,6 +196,8 @@ class Retention:
                     ]
                     changed |= self._delete_runs(cur, old, run_tables, done)
                     changed |= self._trim_timed(cur, timed, now_mono - age_ns, done)
+                    if changed:
+                        self._sweep_dictionaries(cur, now_mono, done)
                 if changed:
                     self._checkpoint(cur, done)
                 if limits.max_db_mb > 0:
@@ -264,6 +280,8 @@ class Retention:
                     progressed |= self._trim_half(cur, timed, done)
             else:
                 progressed |= self._trim_half(cur, timed, done)
+            if progressed:
+                self._sweep_dictionaries(cur, self._now_mono, done)
             self._checkpoint(cur, done)
             if not progressed:
                 log.warning(
@@ -326,6 +344,29 @@ class Retention:
                 continue
             deleted += cur.execute(
                 f'DELETE FROM "{table}" WHERE "{col}" < ?', [int(cutoff_ns)]
+            ).fetchone()[0]
+        done["rows_deleted"] += deleted
+        return deleted > 0
+
+    @staticmethod
+    def _sweep_dictionaries(cur, now_mono, done):
+        """Delete stacks no sample names and frames no stack names, older
+        than two id epochs (the CPU sampler may still name younger ones)."""
+        tables = {
+            r[0]
+            for r in cur.execute(
+                "SELECT table_name FROM information_schema.tables WHERE table_schema = 'main'"
+            ).fetchall()
+        }
+        cutoff = int(now_mono - 2 * CPU_STACK_EPOCH_NS)
+        deleted = 0
+        for table, key, user, ukey in DICTIONARY_TABLES:
+            if table not in tables or user not in tables:
+                continue
+            deleted += cur.execute(
+                f'DELETE FROM "{table}" WHERE first_ts_ns < ? AND "{key}" NOT IN '
+                f'(SELECT "{ukey}" FROM "{user}" WHERE "{ukey}" IS NOT NULL)',
+                [cutoff],
             ).fetchone()[0]
         done["rows_deleted"] += deleted
         return deleted > 0

@@ -24,6 +24,7 @@ CHANNELS = {
     "stallscope.service.metrics": "stallscope.metrics",
     "stallscope.service.metrics_http": "stallscope.metrics",
     "stallscope.service.metrics_scrape": "stallscope.metrics",
+    "stallscope.service.placement": "stallscope.daemon",
     "stallscope.service.selfstats": "stallscope.selfstats",
     "stallscope.service.server": "stallscope.daemon",
     "stallscope.service.systemd.endpoint": "stallscope.daemon",
@@ -37,6 +38,7 @@ CHANNELS = {
     "stallscope.store.retention": "stallscope.retention",
     "stallscope.store.step_fill": "stallscope.step_fill",
     "stallscope.store.views": "stallscope.views",
+    "stallscope.threads": "stallscope.daemon",
 }
 
 

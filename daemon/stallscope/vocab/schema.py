@@ -9,3 +9,9 @@ again with `STORED_NS_SQL`.
 
 STORED_NS_VARIABLE = "stallscope_stored_ns"
 STORED_NS_SQL = f"getvariable('{STORED_NS_VARIABLE}')"
+
+# The CPU sampler's frame and stack ids (probes/cpu_stacks.py) are handed out
+# afresh every epoch, so a sample names only ids of its own epoch or the one
+# before; retention (store/retention.py) deletes a cpu_frames / cpu_stacks row
+# only when no sample uses it and it is older than two epochs.
+CPU_STACK_EPOCH_NS = 600 * 10**9

@@ -1,0 +1,140 @@
+"""Native leaf names where bcc's symbolizer cannot open the process's files.
+
+bcc reads a process's modules through /proc/PID/root/..., which the kernel
+opens only to a ptrace-capable reader: a daemon running as its own user
+(the unit's `User=stallscope`, CAP_PERFMON but no CAP_SYS_PTRACE) can read
+another user's /proc/PID/maps (CAP_PERFMON allows it) but not that link,
+so every leaf of such an engine would be unnamed. This module names them
+from the maps and the module files themselves, opened by their path in the
+daemon's own mount namespace, and only when the file is the one mapped
+(same device and inode as the maps line says), so a container's library
+is never named after the host's. Symbols: ELF64 `.symtab`, else `.dynsym`,
+functions with their sizes (an address past a function's end is unnamed,
+never the previous function's). Reads files only; bounded caches; never
+raises (a failure is an unnamed leaf).
+"""
+
+import bisect
+import os
+import struct
+
+MAX_MODULES = 256
+SHT_SYMTAB = 2
+SHT_DYNSYM = 11
+STT_FUNC = 2
+STT_GNU_IFUNC = 10
+PT_LOAD = 1
+PF_X = 1
+
+
+class _Module:
+    """One ELF file's function symbols and load bias."""
+
+    __slots__ = ("starts", "ends", "names", "bias")
+
+    def __init__(self, path):
+        self.starts, self.ends, self.names, self.bias = [], [], [], 0
+        with open(path, "rb") as f:
+            data = f.read()
+        if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
+            return  # not a little-endian ELF64
+        (phoff, shoff) = struct.unpack_from("<QQ", data, 32)
+        phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", data, 54)
+        # file offset -> ELF address: the executable LOAD segment's p_vaddr - p_offset
+        for i in range(phnum):
+            p_type, p_flags, p_offset, p_vaddr = struct.unpack_from(
+                "<IIQQ", data, phoff + i * phentsize
+            )
+            if p_type == PT_LOAD and p_flags & PF_X:
+                self.bias = p_vaddr - p_offset
+                break
+        sections = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize)
+                    for i in range(shnum)]  # fmt: skip
+        table = [s for s in sections if s[1] == SHT_SYMTAB] or [
+            s for s in sections if s[1] == SHT_DYNSYM
+        ]
+        if not table:
+            return
+        _, _, _, _, off, size, link, _, _, entsize = table[0]
+        stroff = sections[link][4]
+        syms = []
+        for pos in range(off, off + size, entsize or 24):
+            st_name, st_info, _, st_shndx, st_value, st_size = struct.unpack_from(
+                "<IBBHQQ", data, pos
+            )
+            if st_info & 0xF not in (STT_FUNC, STT_GNU_IFUNC) or not st_value or not st_shndx:
+                continue
+            end = data.index(b"\0", stroff + st_name)
+            syms.append((st_value, st_value + max(st_size, 1), data[stroff + st_name : end]))
+        syms.sort()
+        self.starts = [s[0] for s in syms]
+        self.ends = [s[1] for s in syms]
+        self.names = [s[2] for s in syms]
+
+    def name(self, elf_addr):
+        k = bisect.bisect_right(self.starts, elf_addr) - 1
+        if k >= 0 and elf_addr < self.ends[k]:
+            return self.names[k]
+        return None
+
+
+class MapsSymbolizer:
+    """(function, module path) of a user address of a process, from its maps."""
+
+    def __init__(self, proc_root="/proc"):
+        self.proc_root = proc_root
+        self._maps = {}  # pid -> [(start, end, offset, dev, inode, path)]
+        self._modules = {}  # (path, dev, inode) -> _Module or None
+
+    def forget(self, pid):
+        self._maps.pop(pid, None)
+
+    def resolve(self, pid, ip, refresh=False):
+        """(name bytes or None, module path bytes or None)."""
+        try:
+            maps = self._maps.get(pid)
+            if maps is None or refresh:
+                maps = self._maps[pid] = self._read_maps(pid)
+            starts = [m[0] for m in maps]
+            k = bisect.bisect_right(starts, ip) - 1
+            if k < 0 or ip >= maps[k][1]:
+                return None, None
+            start, _, offset, dev, inode, path = maps[k]
+            module = self._module(path, dev, inode)
+            if module is None:
+                return None, path.encode()
+            return module.name(ip - start + offset + module.bias), path.encode()
+        except Exception:
+            return None, None
+
+    def _read_maps(self, pid):
+        out = []
+        with open(f"{self.proc_root}/{pid}/maps") as f:
+            for line in f:
+                parts = line.split(None, 5)
+                if len(parts) < 6 or "x" not in parts[1] or not parts[5].startswith("/"):
+                    continue
+                lo, hi = (int(x, 16) for x in parts[0].split("-"))
+                major, minor = (int(x, 16) for x in parts[3].split(":"))
+                path = parts[5].rstrip("\n")
+                out.append(
+                    (lo, hi, int(parts[2], 16), os.makedev(major, minor), int(parts[4]), path)
+                )
+        out.sort()
+        return out
+
+    def _module(self, path, dev, inode):
+        key = (path, dev, inode)
+        if key in self._modules:
+            return self._modules[key]
+        module = None
+        try:
+            st = os.stat(path)
+            if st.st_ino == inode and st.st_dev == dev:  # the very file that is mapped
+                module = _Module(path)
+        except (OSError, ValueError, struct.error):
+            module = None
+        if len(self._modules) >= MAX_MODULES:
+            self._modules.clear()
+        self._modules[key] = module
+        return module

@@ -1,0 +1,341 @@
+"""CPU sampler stacks: sample records in, `cpu_samples` / `cpu_stacks` / `cpu_frames` rows out.
+
+`StackTable.resolve(recs)` takes one drain's `sample` records (numpy, from
+cpu_bcc.c) and returns the rows to append. A sample's stack is its native
+leaf (the interrupted user IP, symbolized with bcc's symbolizer while the
+process is alive) followed by its Python frames, innermost first; each
+frame is a (kind, file or module, function, line) and is stored once
+(`cpu_frames`), each distinct stack once (`cpu_stacks`: one row per frame,
+depth 0 the leaf), and each sample as one small row naming its stack. The
+work is per distinct raw stack of the batch, not per sample: the Python
+frames of every sample are deduplicated with one `np.unique` over their raw
+bytes, the native leaves by (pid, IP), and only new combinations reach
+Python code. Frame names come from `symbol` records (`add_symbol`); a frame
+whose (code address, checksum) has no symbol is "<unknown>", never the name
+of another code object that once had the address. Lines come from the
+symbol's line table (cpu_lines.py).
+
+Ids are 64-bit, counted up from the wall clock at start, so no two daemon
+runs share one and nothing is read back from the database. The id caches
+start afresh every `vocab.schema.CPU_STACK_EPOCH_NS` (new ids for the same
+content from then on), so an id is referenced only by samples of its own
+epoch or the next: retention may delete a frame or stack that no sample
+uses and that is older than two epochs without ever leaving a sample's id
+dangling. Nothing here touches the kernel or the database.
+"""
+
+import ctypes as ct
+import os
+import time
+
+import numpy as np
+import pyarrow as pa
+
+from stallscope.probes import bpf_common
+from stallscope.probes.cpu_elf import MapsSymbolizer
+from stallscope.probes.cpu_lines import Symbol
+from stallscope.vocab.schema import CPU_STACK_EPOCH_NS
+
+_DEFINES = bpf_common.header_defines("cpu_bcc.h", "CPU_")
+_STATUS = {k: v for k, v in _DEFINES.items() if not k.startswith("CPU_F_")}  # name -> code
+CPU_OK = _STATUS["CPU_OK"]
+CPU_F_TRUNCATED = _DEFINES["CPU_F_TRUNCATED"]
+CPU_F_FAULT = _DEFINES["CPU_F_FAULT"]
+# cpu_samples.unwind: how far the Python unwinding got (NULL: all of it)
+UNWIND = {
+    "CPU_NO_TSTATE": "no_tstate",
+    "CPU_TSTATE_FAULT": "tstate_fault",
+    "CPU_NO_PYTHON": "no_python",
+}
+UNWIND_REASONS = ("no_tstate", "tstate_fault", "no_python", "frame_fault", "truncated")
+_UNWIND_DICT = pa.array(UNWIND_REASONS, type=pa.string())
+UNKNOWN_PY = ("py", None, "<unknown>", None)
+# Caches that are only an optimisation are cleared past these sizes.
+MAX_RESOLVED = 1 << 18
+MAX_SYMBOLS = 1 << 18
+
+
+class _Natives:
+    """(pid, IP) -> ('native', module, function, None), with bcc's symbolizer
+    (/proc/PID/maps and the modules' ELF symbols: the process must be alive),
+    or, for a process whose /proc/PID/root this daemon may not follow
+    (another user's, without CAP_SYS_PTRACE), cpu_elf's from the maps."""
+
+    def __init__(self, enabled=True):
+        self.enabled = enabled
+        self._caches = {}  # pid -> bcc SymbolCache
+        self._by_maps = {}  # pid -> whether bcc cannot open its files (cpu_elf instead)
+        self._maps = MapsSymbolizer()
+        self._resolved = {}  # (pid, ip) -> content
+        self._refreshed = set()  # pids whose cache was re-read this drain
+        self.lookups = 0
+
+    def begin_drain(self):
+        self._refreshed.clear()
+
+    def content(self, pid, ip):
+        key = (pid, ip)
+        got = self._resolved.get(key)
+        if got is not None:
+            return got
+        got = self._lookup(pid, ip)
+        if len(self._resolved) > MAX_RESOLVED:
+            self._resolved.clear()
+        self._resolved[key] = got
+        return got
+
+    def _lookup(self, pid, ip):
+        if not self.enabled:
+            return ("native", None, None, None)
+        self.lookups += 1
+        name, module = self._resolve(pid, ip)
+        if module is None and pid not in self._refreshed:
+            # A module mapped after the cache read the maps (dlopen): re-read once.
+            self._refreshed.add(pid)
+            self.forget(pid)
+            name, module = self._resolve(pid, ip)
+        text = lambda b: b.decode("utf-8", "replace") if b else None  # noqa: E731
+        return ("native", text(module), text(name), None)
+
+    def _resolve(self, pid, ip):
+        by_maps = self._by_maps.get(pid)
+        if by_maps is None:
+            try:
+                os.stat(f"/proc/{pid}/root/")
+                by_maps = False
+            except PermissionError:
+                by_maps = True
+            except OSError:
+                by_maps = False
+            self._by_maps[pid] = by_maps
+        if by_maps:
+            return self._maps.resolve(pid, ip, refresh=pid in self._refreshed)
+        try:
+            cache = self._caches.get(pid)
+            if cache is None:
+                from bcc import SymbolCache
+
+                cache = self._caches[pid] = SymbolCache(pid)
+            name, _, module = cache.resolve(ip, True)
+            return name, module
+        except Exception:  # a process that is gone, an unreadable module
+            return None, None
+
+    def forget(self, pid):
+        self._maps.forget(pid)
+        cache = self._caches.pop(pid, None)
+        if cache is not None:
+            try:
+                from bcc.libbcc import lib
+
+                lib.bcc_free_symcache(ct.c_void_p(cache.cache), pid)
+            except Exception:
+                pass
+
+    def forget_pid(self, pid):
+        self.forget(pid)
+        self._by_maps.pop(pid, None)
+        for key in [k for k in self._resolved if k[0] == pid]:
+            del self._resolved[key]
+
+
+class StackTable:
+    """Symbols, frames and stacks of the sampled processes (one reader thread)."""
+
+    def __init__(self, symbolize=True, epoch_ns=CPU_STACK_EPOCH_NS, clock=time.monotonic_ns):
+        self._next_id = time.time_ns()
+        self.symbols = {}  # (pid, code, cksum) -> Symbol
+        self.versions = {}  # pid -> (major, minor) of its interpreter
+        self.natives = _Natives(symbolize)
+        self._pycontent = {}  # (pid, code, cksum, lasti) -> content
+        self.epoch_ns = epoch_ns
+        self._clock = clock
+        self._epoch_start = clock()
+        self._new_epoch()
+        self.frames_written = 0
+        self.stacks_written = 0
+        self.unknown_frames = 0
+        self.epochs = 0
+
+    def _new_epoch(self):
+        self._frame_ids = {}  # content -> frame_id
+        self._pystacks = {}  # raw Python frames (bytes) -> tuple of frame ids
+        self._stack_ids = {}  # tuple of frame ids (leaf first) -> stack_id
+
+    def _id(self):
+        self._next_id += 1
+        return self._next_id
+
+    # ----- what the probe tells us ---------------------------------------------------
+    def set_version(self, pid, version):
+        self.versions[pid] = tuple(version[:2])
+
+    def add_symbols(self, recs):
+        """Decode a drain's `symbol` records."""
+        if len(self.symbols) + len(recs) > MAX_SYMBOLS:
+            self.symbols.clear()  # bounded; a frame named later is "<unknown>" at worst
+        for rec in recs:
+            pid = int(rec["pid"])
+            version = self.versions.get(pid, (3, 11))
+            self.symbols[(pid, int(rec["code"]), int(rec["cksum"]))] = Symbol(rec, version)
+
+    def forget_pid(self, pid):
+        self.versions.pop(pid, None)
+        for key in [k for k in self.symbols if k[0] == pid]:
+            del self.symbols[key]
+        for key in [k for k in self._pycontent if k[0] == pid]:
+            del self._pycontent[key]
+        self.natives.forget_pid(pid)
+
+    # ----- one drain ---------------------------------------------------------------------
+    def resolve(self, recs):
+        """{table: columns} for a batch of sample records (may be empty)."""
+        n = len(recs)
+        if n == 0:
+            return {}
+        now = self._clock()
+        if now - self._epoch_start >= self.epoch_ns:
+            self._epoch_start = now
+            self._new_epoch()
+            self.epochs += 1
+        self.natives.begin_drain()
+        ts = recs["ts_ns"].astype(np.int64)
+        first_ts = int(ts.min())
+        new_frames = []  # (frame_id, content)
+        new_stacks = []  # (stack_id, frame ids)
+
+        def frame_id(content):
+            fid = self._frame_ids.get(content)
+            if fid is None:
+                fid = self._frame_ids[content] = self._id()
+                new_frames.append((fid, content))
+            return fid
+
+        # Python frames: one entry per distinct (pid, frames) of the batch.
+        pid = recs["pid"].astype(np.uint32)
+        depth = recs["depth"].astype(np.int64)
+        dmax = int(depth.max())
+        if dmax:
+            fr = np.array(recs["frames"][:, :dmax])  # a copy: unused entries are garbage
+            unused = np.arange(dmax)[None, :] >= depth[:, None]
+            for field in ("code", "lasti", "cksum"):
+                fr[field][unused] = 0
+            raw = np.concatenate(
+                [pid.view(np.uint8).reshape(n, 4), fr.view(np.uint8).reshape(n, dmax * 16)],
+                axis=1,
+            )
+            keys = np.ascontiguousarray(raw).view(np.dtype((np.void, raw.shape[1]))).ravel()
+            uniq, first, py_inv = np.unique(keys, return_index=True, return_inverse=True)
+            py_stacks = []
+            for u, i in zip(uniq.tolist(), first.tolist(), strict=True):
+                got = self._pystacks.get(u)
+                if got is None:
+                    got, complete = self._py_frames(int(pid[i]), fr[i, : depth[i]], frame_id)
+                    if complete:  # one with an unknown frame is looked at again next time
+                        self._pystacks[u] = got
+                py_stacks.append(got)
+        else:
+            py_inv = np.zeros(n, dtype=np.int64)
+            py_stacks = [()]
+        # Native leaves: one lookup per distinct (pid, IP), one id per function.
+        ip = recs["user_ip"].astype(np.uint64)
+        pip = np.empty(n, dtype=[("pid", "<u4"), ("ip", "<u8")])
+        pip["pid"], pip["ip"] = pid, ip
+        uniq_pip, nat_inv = np.unique(pip, return_inverse=True)
+        nat_ids = np.zeros(len(uniq_pip), dtype=np.int64)
+        for k, (p, a) in enumerate(uniq_pip.tolist()):
+            if a:
+                nat_ids[k] = frame_id(self.natives.content(p, a))
+        nat = nat_ids[nat_inv.ravel()]
+        # Stacks: one lookup per distinct (Python frames, native leaf function).
+        _, nat_rank = np.unique(nat, return_inverse=True)
+        combo = py_inv.ravel().astype(np.int64) * (len(nat_ids) + 1) + nat_rank.ravel()
+        uniq_c, first_c, c_inv = np.unique(combo, return_index=True, return_inverse=True)
+        stack_ids = np.zeros(len(uniq_c), dtype=np.int64)
+        valid = np.zeros(len(uniq_c), dtype=bool)
+        py_inv = py_inv.ravel()
+        for k, i in enumerate(first_c.tolist()):
+            frames = py_stacks[py_inv[i]]
+            if nat[i]:
+                frames = (int(nat[i]), *frames)
+            if not frames:
+                continue  # nothing known about this sample's code: stack_id NULL
+            sid = self._stack_ids.get(frames)
+            if sid is None:
+                sid = self._stack_ids[frames] = self._id()
+                new_stacks.append((sid, frames))
+            stack_ids[k] = sid
+            valid[k] = True
+        c_inv = c_inv.ravel()
+        out = {
+            "cpu_samples": {
+                "pid": pid.astype(np.int32),
+                "tid": recs["tid"].astype(np.int32),
+                "ts_ns": ts,
+                "cpu": recs["cpu"].astype(np.int16),
+                "stack_id": pa.array(stack_ids[c_inv], mask=~valid[c_inv], type=pa.int64()),
+                "kernel_mode": recs["kernel_mode"].astype(bool),
+                "unwind": self._unwind(recs),
+            }
+        }
+        if new_stacks:
+            out["cpu_stacks"] = {
+                "stack_id": np.repeat(
+                    np.array([s for s, _ in new_stacks], dtype=np.int64),
+                    [len(f) for _, f in new_stacks],
+                ),
+                "depth": np.concatenate([np.arange(len(f), dtype=np.int16) for _, f in new_stacks]),
+                "frame_id": np.array([x for _, f in new_stacks for x in f], dtype=np.int64),
+                "first_ts_ns": np.full(sum(len(f) for _, f in new_stacks), first_ts, np.int64),
+            }
+            self.stacks_written += len(new_stacks)
+        if new_frames:
+            out["cpu_frames"] = {
+                "frame_id": np.array([f for f, _ in new_frames], dtype=np.int64),
+                "kind": pa.array([c[0] for _, c in new_frames], type=pa.string()),
+                "file": pa.array([c[1] for _, c in new_frames], type=pa.string()),
+                "function": pa.array([c[2] for _, c in new_frames], type=pa.string()),
+                "line": pa.array([c[3] for _, c in new_frames], type=pa.int32()),
+                "first_ts_ns": np.full(len(new_frames), first_ts, np.int64),
+            }
+            self.frames_written += len(new_frames)
+        return out
+
+    def _py_frames(self, pid, frames, frame_id):
+        """(frame ids innermost first, whether every frame had its symbol)."""
+        out = []
+        complete = True
+        for code, lasti, cksum in zip(
+            frames["code"].tolist(), frames["lasti"].tolist(), frames["cksum"].tolist(), strict=True
+        ):
+            key = (pid, code, cksum, lasti)
+            content = self._pycontent.get(key)
+            if content is None:
+                sym = self.symbols.get((pid, code, cksum))
+                if sym is None:
+                    self.unknown_frames += 1
+                    complete = False
+                    out.append(frame_id(UNKNOWN_PY))
+                    continue  # not cached: its symbol may still come
+                content = ("py", sym.file, sym.name, sym.line(lasti))
+                if len(self._pycontent) > MAX_RESOLVED:
+                    self._pycontent.clear()
+                self._pycontent[key] = content
+            out.append(frame_id(content))
+        return tuple(out), complete
+
+    @staticmethod
+    def _unwind(recs):
+        """cpu_samples.unwind per sample (dictionary-encoded): NULL when every
+        frame was walked, else the reason (UNWIND_REASONS)."""
+        status = recs["status"]
+        flags = recs["flags"]
+        codes = np.zeros(len(recs), dtype=np.int8)  # 0: NULL
+        for name, label in UNWIND.items():
+            codes[status == _STATUS[name]] = UNWIND_REASONS.index(label) + 1
+        ok = status == CPU_OK
+        codes[ok & ((flags & CPU_F_FAULT) != 0)] = UNWIND_REASONS.index("frame_fault") + 1
+        codes[ok & ((flags & CPU_F_TRUNCATED) != 0)] = UNWIND_REASONS.index("truncated") + 1
+        return pa.DictionaryArray.from_arrays(
+            pa.array(codes - 1, mask=codes == 0, type=pa.int8()), _UNWIND_DICT
+        )
