@@ -151,13 +151,18 @@ cov_run AS (   -- which probes ever covered each run
     SELECT gj.*, unnest(range(gj.start_ns // b.bucket_ns,
                               greatest(gj.end_ns - 1, gj.start_ns) // b.bucket_ns + 1)) AS bucket
     FROM gj CROSS JOIN gb b
+), gstart AS (  -- each grouped step with the bucket of its start (a plain
+                -- column, so the join below hashes on it: an expression
+                -- there left only group_key as the hash key, quadratic in a
+                -- group's steps)
+    SELECT gj.*, gj.start_ns // b.bucket_ns AS start_bucket FROM gj CROSS JOIN gb b
 ), pp AS (     -- steps of another run of the group that start inside the step and end by its end
     SELECT s.run_id, s.tid, s.step_idx, s.end_ns AS s_end_ns, s.peer_end_gap_ns, s.peer_end_gap_share,
            p.run_id AS p_run_id, p.tid AS p_tid, p.step_idx AS p_step_idx,
            p.start_ns AS p_start_ns, p.end_ns AS p_end_ns, p.slow AS p_slow, p.excess_ns AS p_excess_ns
-    FROM gcov s CROSS JOIN gb b
-    JOIN gj p ON p.group_key = s.group_key AND p.run_id <> s.run_id
-             AND p.start_ns // b.bucket_ns = s.bucket
+    FROM gcov s
+    JOIN gstart p ON p.group_key = s.group_key AND p.start_bucket = s.bucket
+             AND p.run_id <> s.run_id
              AND p.start_ns > s.start_ns AND p.start_ns < s.end_ns
     WHERE p.end_ns <= s.end_ns
 ), pt AS (     -- per step and peer thread (a rank): its spans inside the step
