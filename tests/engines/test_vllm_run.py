@@ -130,7 +130,10 @@ def test_engine_core_steps_have_stage_and_work(vllm_run):
 
 def _gc_steps(con, core, worker, inside):
     """Engine-core steps overlapping a worker GC pass of >= 20 ms that lay
-    inside (or outside) every non-idle worker step."""
+    inside (or outside) every non-idle worker step, by 20 ms or more: a step
+    that only touches a pass's start or end (the one before it, ending as the
+    pass begins) was not stalled by it, and may rightly be `peer` for the
+    slow execute it did wait for."""
     return con.execute(
         f"""
         WITH g AS (
@@ -142,6 +145,7 @@ def _gc_steps(con, core, worker, inside):
         SELECT DISTINCT a.step_idx, a.cause, a.peer_cause, a.peer_wait, a.peer_run_id
         FROM step_attribution a JOIN g ON a.start_ns < g.end_ns AND g.start_ns < a.end_ns
         WHERE a.run_id = ? AND NOT a.idle AND g.inside = {bool(inside)}
+          AND least(a.end_ns, g.end_ns) - greatest(a.start_ns, g.start_ns) >= 20000000
         """,
         [worker, worker, core],
     ).fetchall()
