@@ -30,7 +30,7 @@ test: bootstrap lint
 	@$(MAKE) --no-print-directory test-engines-only
 
 # The real-engine tests alone (tests/engines: HF transformers, vLLM's CPU
-# build; ~3 min here, most of it vLLM's start-up): the engines and vllm
+# build; ~2 min here, most of it vLLM's start-up): the engines and vllm
 # extras are installed first. A missing extra is a skip, a failure with
 # STALLSCOPE_REQUIRE_ENGINES=1 / STALLSCOPE_REQUIRE_VLLM=1 (as in CI).
 test-engines:
