@@ -12,11 +12,14 @@ says which of two roles it has, first thing when it starts:
   1,024 when both want one CPU. SCHED_BATCH at nice 19 also never preempts
   on waking, but weighs 15 and is not treated as an idle CPU by the waking
   engine, so SCHED_IDLE is the stronger of the two.
-- `paced(name)`: work that must keep pace with the engine (the probe
-  socket: a client's socket must not fill). It runs under SCHED_BATCH at
-  nice 0: a full share of a CPU when it needs one, but, like idle tasks, it
-  never preempts a running thread on waking; a datagram that wakes it
-  waits for the engine's next sleep or the next tick. It is kept cheap.
+- `paced(name, backlog)`: work that must keep pace with the engine (the
+  probe socket: a client's socket must not fill). Where the daemon may
+  raise a thread again (`can_raise()`), it runs at idle priority while its
+  backlog gauge says it keeps up and under SCHED_BATCH at nice 0 while it
+  does not; elsewhere it is a batch thread throughout. A batch thread gets
+  a full share of a CPU but, once it has run a tick, the kernel's fair
+  share preempts a busy engine thread for it: on two busy CPUs that was
+  the daemon's last preemptor of the engine (tests/store/test_observer.py).
   Threads that say nothing (DuckDB's, Arrow's, gRPC's) are moved to idle
   priority by `sweep()`, which the main loop calls.
 
@@ -38,7 +41,9 @@ returned reasons, never exceptions into the caller's loop.
 import logging
 import os
 import queue
+import resource
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 from stallscope.vocab.log_channels import log_channel
@@ -55,6 +60,11 @@ BOOST_REFUSED = (
 )
 
 BOOST_ABOVE, UNBOOST_BELOW = 0.5, 0.25  # backlog fractions
+_CAP_SYS_NICE = 23
+# A paced thread waiting for a CPU this share of the time counts as a full
+# backlog (raised above half of it: 5% of its time waiting, 50 ms a second).
+WAIT_SHARE_FULL = 0.1
+WAIT_WINDOW_S = 0.5
 log = logging.getLogger(log_channel(__name__))
 
 _lock = threading.Lock()
@@ -86,17 +96,90 @@ def background(name, backlog=None):
     return _apply_cpus(tid)
 
 
-def paced(name):
-    """Make the calling thread one that keeps pace (SCHED_BATCH, nice 0);
-    returns None, or the reason it stays as it was."""
+def can_raise():
+    """Whether this process may move a thread from idle priority back to nice
+    0 (the kernel asks for CAP_SYS_NICE or an RLIMIT_NICE of at least 20,
+    which is what the unit's LimitNICE=+0 sets), without trying it."""
+    try:
+        soft, _ = resource.getrlimit(resource.RLIMIT_NICE)
+        if soft == resource.RLIM_INFINITY or soft >= 20:
+            return True
+        with open("/proc/self/status") as f:
+            caps = next(ln for ln in f if ln.startswith("CapEff:"))
+        return bool(int(caps.split()[1], 16) & (1 << _CAP_SYS_NICE))
+    except (OSError, ValueError, StopIteration, AttributeError):
+        return False
+
+
+def paced(name, backlog=None):
+    """Make the calling thread one that keeps pace: at idle priority while
+    `backlog()` (the fraction of what it can fall behind by, as for
+    background threads) says it keeps up, raised to SCHED_BATCH at nice 0
+    by `check_backlogs()`/`check_paced()` while it does not; a batch thread
+    throughout when there is no gauge or raising is not permitted (it could
+    not come back). Returns None, or the reason it stays as it was."""
+    tid = _tid()
+    idle_until_behind = backlog is not None and can_raise()
+    gauge = None
+    if idle_until_behind:
+        waits = _WaitShare(tid)
+        gauge = lambda: max(backlog(), waits.level())  # noqa: E731
+    with _lock:
+        _threads[tid] = {
+            "name": name,
+            "role": PACED,
+            "boosted": False,
+            "backlog": gauge,
+            "raise_to": SCHED_BATCH,
+        }
+    policy = SCHED_IDLE if idle_until_behind else SCHED_BATCH
+    try:
+        os.sched_setscheduler(0, policy, os.sched_param(0))
+    except (OSError, AttributeError) as exc:
+        return f"{name}: cannot run as a {POLICY_NAMES[policy]} thread: {exc}"
+    return _apply_cpus(tid)
+
+
+class _WaitShare:
+    """How much of the wall time a thread spent runnable but waiting for a CPU
+    (/proc/self/task/TID/schedstat), as a gauge level: at idle priority a
+    reader gets a CPU at once while the CPUs have time to spare, and almost
+    never while nice-0 work fills them all (a CPU hog), when it must be a
+    batch thread again to keep pace. Measured over windows of at least
+    WAIT_WINDOW_S; an unreadable schedstat reads as contended."""
+
+    def __init__(self, tid):
+        self.path = f"/proc/self/task/{tid}/schedstat"
+        self.last = None  # (wall ns, wait ns)
+        self.value = 1.0
+
+    def level(self):
+        now = time.monotonic_ns()
+        try:
+            with open(self.path) as f:
+                wait = int(f.read().split()[1])
+        except (OSError, ValueError, IndexError):
+            return 1.0
+        if self.last is None:
+            self.last = (now, wait)
+            return self.value
+        if now - self.last[0] >= WAIT_WINDOW_S * 1e9:
+            share = (wait - self.last[1]) / (now - self.last[0])
+            self.value = share / WAIT_SHARE_FULL
+            self.last = (now, wait)
+        return self.value
+
+
+def check_paced():
+    """check_backlogs() for the calling paced thread alone: cheap enough for
+    every round of the main loop, so a burst raises it at once instead of at
+    the next housekeeping tick."""
     tid = _tid()
     with _lock:
-        _threads[tid] = {"name": name, "role": PACED, "boosted": False, "backlog": None}
-    try:
-        os.sched_setscheduler(0, SCHED_BATCH, os.sched_param(0))
-    except (OSError, AttributeError) as exc:
-        return f"{name}: cannot run as a batch thread: {exc}"
-    return _apply_cpus(tid)
+        info = _threads.get(tid)
+    if info is None or info["backlog"] is None:
+        return
+    _check(tid, info)
 
 
 def boost(tid=None):
@@ -105,10 +188,12 @@ def boost(tid=None):
     tid = tid or _tid()
     with _lock:
         info = _threads.get(tid)
-        if info is None or info["role"] != BACKGROUND or info["boosted"]:
-            return bool(info and info["boosted"])
+        if info is None or info["backlog"] is None and info["role"] != BACKGROUND:
+            return False
+        if info["boosted"]:
+            return True
     try:
-        os.sched_setscheduler(tid, SCHED_OTHER, os.sched_param(0))
+        os.sched_setscheduler(tid, info.get("raise_to", SCHED_OTHER), os.sched_param(0))
     except OSError:
         with _lock:
             _state["boost_refused"] += 1
@@ -151,24 +236,35 @@ def check_backlogs():
         items = [(tid, info) for tid, info in _threads.items() if info["backlog"] is not None]
     boosted = []
     for tid, info in items:
-        try:
-            level = float(info["backlog"]())
-        except Exception:
-            continue  # a gauge whose object went away reads as no backlog
-        if level > BOOST_ABOVE and not info["boosted"]:
-            if boost(tid):
-                boosted.append(info["name"])
-                log.info(
-                    "%s fell behind (%.0f%% of its bound): raised to normal priority",
-                    info["name"],
-                    100 * level,
-                )
-            elif _state["boost_refused"] == 1:
-                log.warning("%s fell behind: %s", info["name"], BOOST_REFUSED)
-        elif level < UNBOOST_BELOW and info["boosted"]:
-            unboost(tid)
-            log.info("%s caught up: back to idle priority", info["name"])
+        if _check(tid, info):
+            boosted.append(info["name"])
     return boosted
+
+
+def _check(tid, info):
+    """Raise or lower one thread by its gauge; True when raised now."""
+    try:
+        level = float(info["backlog"]())
+    except Exception:
+        return False  # a gauge whose object went away reads as no backlog
+    # The paced reader goes up and down with its clients' traffic, often:
+    # its moves are debug lines (counted in snapshot()'s boosts).
+    say = log.debug if info["role"] == PACED else log.info
+    if level > BOOST_ABOVE and not info["boosted"]:
+        if boost(tid):
+            say(
+                "%s fell behind (%.0f%% of its bound): raised to %s priority",
+                info["name"],
+                100 * level,
+                "batch" if info.get("raise_to") == SCHED_BATCH else "normal",
+            )
+            return True
+        if _state["boost_refused"] == 1:
+            log.warning("%s fell behind: %s", info["name"], BOOST_REFUSED)
+    elif level < UNBOOST_BELOW and info["boosted"]:
+        unboost(tid)
+        say("%s caught up: back to idle priority", info["name"])
+    return False
 
 
 def sweep(keep=()):

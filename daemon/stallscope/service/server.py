@@ -462,6 +462,10 @@ class Daemon:
         self.selfstats.sample()  # names the threads started so far; first row
         if self.notify:
             self.notify.ready(self)
+        # From here the main loop waits at idle priority while every client
+        # is known to send slowly, and is raised to batch the moment one is
+        # new or fast or its socket holds a backlog (threads.paced).
+        threads.paced("main", backlog=self.ingest.pace_backlog)
         last_decode = last_tick = time.monotonic()
         last_sweep = 0.0
         while not self._stop.is_set():
@@ -484,6 +488,8 @@ class Daemon:
             else:
                 due = last_tick + IDLE_TICK_S
             read = self.ingest.poll(min(IDLE_TICK_S, max(0.0, due - now)))
+            if read:
+                threads.check_paced()
             if (
                 0 < read < LIGHT_ROUND_DATAGRAMS
                 and not live
@@ -518,6 +524,9 @@ class Daemon:
         return 0
 
     def shutdown(self):
+        # Stopping is bounded in time (systemd's stop timeout, clients'
+        # tails): the main loop leaves idle priority for it.
+        threads.boost()
         if self.notify:
             self.notify.stopping()
         t0 = time.monotonic()
