@@ -229,7 +229,9 @@ def read_threads(pid, proc_root="/proc", layout=None, tstates=None):
             tstate = (tstates or {}).get(tid)
             if mem is not None and tstate:
                 try:
-                    ks["frames"], ks["walk"] = python_stack(mem, layout[0], layout[1], tstate, codes)
+                    ks["frames"], ks["walk"] = python_stack(
+                        mem, layout[0], layout[1], tstate, codes
+                    )
                 except MemFault:
                     ks["walk"] = "mem_fault"
             out.append(ks)
