@@ -25,6 +25,7 @@ import pytest
 
 from helpers.daemonproc import DaemonProcess
 from helpers.privileged import is_root, require_privileged
+from helpers.prometheus import metrics_port, samples, scrape
 from helpers.waiting import wait_for
 from stallscope.probes import hang_proc
 from stallscope.probes.cpu_bcc import BccCpuProbe
@@ -83,8 +84,10 @@ def traced(tmp_path_factory):
         f"requires root and bcc: {BccCpuProbe.unavailable()}",
     )
     tmp = tmp_path_factory.mktemp("hang")
-    daemon = DaemonProcess(tmp, extra_args=["--cpu-sampler", "--hang-min-dump-interval-s", "0"])
+    args = ["--cpu-sampler", "--hang-min-dump-interval-s", "0", "--metrics-listen", "127.0.0.1:0"]
+    daemon = DaemonProcess(tmp, extra_args=args)
     daemon.start(timeout_s=90)
+    port = metrics_port(daemon)
     runs = {}
     try:
         for n, mode in enumerate(("lock", "spin", "ccall"), 1):
@@ -97,11 +100,13 @@ def traced(tmp_path_factory):
                 )
                 tracers = _tracer_pids(ready["pid"], 1.0)
                 threads_now = hang_proc.read_threads(ready["pid"])[0]
+                metrics = samples(scrape(port))
                 runs[mode] = {
                     "pid": ready["pid"],
                     "hanging": hanging,
                     "tracers": tracers,
                     "states": {t["tid"]: t["state"] for t in threads_now},
+                    "metrics": metrics,
                 }
             finally:
                 eng.kill()
@@ -201,3 +206,27 @@ def test_an_idle_engine_is_never_hung(traced):
         [runs["idle"]["pid"]],
     )
     assert steps[0][0] > 10  # it did run steps, busy then idle
+
+
+def test_metrics_count_hangs_and_the_silence_per_run_label(traced):
+    _, runs, _ = traced
+    m = runs["ccall"]["metrics"]  # scraped while the third engine was hung
+    assert m[("stallscope_hangs_total", frozenset())] == 3
+    assert m[("stallscope_hang_dumps_total", frozenset({("outcome", "taken")}))] == 3
+    silence = m[("stallscope_seconds_since_last_step", frozenset({("run_label", "hang-ccall")}))]
+    assert silence >= THRESHOLD_MS / 1000
+
+
+def test_status_lists_the_dumps(traced):
+    daemon, runs, _ = traced
+    out = subprocess.run(
+        [os.path.join(os.path.dirname(sys.executable), "stallscope"), "status", "--db", daemon.db],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    section = out.split("## Hangs", 1)[1].split("##", 1)[0]
+    for mode in ("lock", "spin", "ccall"):
+        assert str(runs[mode]["pid"]) in section, section
+    assert str(runs["idle"]["pid"]) not in section
+    assert "per-run threshold" in section
