@@ -11,8 +11,8 @@ frames skipped, a code pointer whose type is not the code type skipped,
 names and lines from the code object (qualname, filename, line table,
 cpu_lines.py). `/proc/PID/mem` is read with pread: no ptrace attach, no
 signal, the process runs on (`TracerPid` stays 0); the kernel allows it to
-root, or to the process's owner with CAP_SYS_PTRACE-free access (same uid,
-not dumpable-protected). Threads move while they are read: a frame freed
+a reader that passes its ptrace access check (root or CAP_SYS_PTRACE), with
+no attach made. Threads move while they are read: a frame freed
 under the walk ends the walk (`mem_fault`), never a crash or a wrong name
 (every pointer is checked for its object type). Every byte is untrusted and
 bounded. Frames only: never locals, arguments or any other object.
