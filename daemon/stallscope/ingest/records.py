@@ -54,12 +54,14 @@ class RunState:
         "last_sent_ns",
         "connected",
         "unflushed",
+        "hang_threshold_ns",
     )
 
     def __init__(self, run_id, token, pid, expected_seq):
         self.run_id = run_id
         self.token = token
         self.pid = pid
+        self.hang_threshold_ns = 0  # the client's own hang threshold (HELLO), 0: the daemon's
         self.expected_seq = expected_seq
         self.names = [None]  # string id -> name; id 0 = none
         self.chunks = []  # raw record bytes waiting to be decoded

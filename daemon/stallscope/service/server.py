@@ -28,6 +28,7 @@ from stallscope.probes import bpf_common
 from stallscope.probes.base import ProbeSettings, Sink
 from stallscope.service.deep import DeepWindows
 from stallscope.service.export import DaemonExports
+from stallscope.service.hang import HangWatchdog
 from stallscope.service.placement import Placement
 from stallscope.service.selfstats import SelfStats
 from stallscope.service.systemd import endpoint
@@ -225,6 +226,15 @@ class Daemon:
             self.store, cfg.get("export.parquet_dir") or None, cfg.get("export.host") or None
         )
         after = self.exports.after_retention if cfg.get("export.after_retention") else None
+        self.hangs = None
+        if cfg.get("hang.watchdog", True):
+            self.hangs = HangWatchdog(
+                self,
+                threshold_ms=cfg.get("hang.threshold_ms", 0.0),
+                min_threshold_ms=cfg.get("hang.min_threshold_ms", 5000.0),
+                p99_factor=cfg.get("hang.p99_factor", 10.0),
+                min_dump_interval_s=cfg.get("hang.min_dump_interval_s", 60.0),
+            )
         self.retention = (
             Retention(
                 self.store,
@@ -323,6 +333,8 @@ class Daemon:
     def _pylayout(self, pid, run_id, info):
         """A client's interpreter layout (ingest/pystate.py): None when the
         CPU sampler took it (or there is none to take it), else why not."""
+        if self.hangs is not None:
+            self.hangs.accept_layout(pid, info)
         probe = self._probe(CPU_PROBE)
         if probe is None:
             return None
@@ -334,6 +346,8 @@ class Daemon:
 
     def _pythreads(self, pid, run_id, threads, more):
         """A client's (tid, thread state) list, the peer's own threads only."""
+        if self.hangs is not None:
+            self.hangs.set_threads(pid, threads)
         probe = self._probe(CPU_PROBE)
         if probe is None:
             return
@@ -373,6 +387,8 @@ class Daemon:
         if pid in self.extra_pids:
             return
         self.tracked_pids.discard(pid)
+        if getattr(self, "hangs", None) is not None:
+            self.hangs.forget(pid)
         for probe in self.probes:
             try:
                 probe.untrack(pid)
@@ -425,6 +441,8 @@ class Daemon:
     def run(self):
         self.store.start()
         self.step_fill.start()
+        if self.hangs is not None:
+            self.hangs.start()
         if self.retention is not None:
             self.retention.start()
         if self.api_socket or self.api_options.get("listen"):
@@ -537,6 +555,8 @@ class Daemon:
             self.api.stop(grace=0.5)
             endpoint.withdraw(self.store.path)
         self.ingest.close()
+        if self.hangs is not None:
+            self.hangs.stop()
         if self.retention is not None:
             self.retention.stop()
         self._stop_probes()

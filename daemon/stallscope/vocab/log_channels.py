@@ -21,6 +21,7 @@ CHANNELS = {
     "stallscope.probes.registry": "stallscope.probes",
     "stallscope.service.deep": "stallscope.deep",
     "stallscope.service.export": "stallscope.export",
+    "stallscope.service.hang": "stallscope.hang",
     "stallscope.service.metrics": "stallscope.metrics",
     "stallscope.service.metrics_http": "stallscope.metrics",
     "stallscope.service.metrics_scrape": "stallscope.metrics",
