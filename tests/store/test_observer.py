@@ -83,10 +83,11 @@ def preempted_by(d, engine, pid):
 
 
 def test_every_daemon_thread_runs_at_the_priority_of_its_role(tmp_path):
-    """Every thread, ours or a library's (DuckDB, Arrow, gRPC), runs at idle
-    priority; the probe socket's reader (the main thread) too while nothing
-    says it falls behind (it may raise itself: root); DuckDB starts no thread
-    of its own."""
+    """Every thread, ours or a library's (DuckDB, Arrow), runs at idle
+    priority, except what answers a waiting client (the API's handlers, its
+    poller and its query pool: batch); the probe socket's reader (the main
+    thread) too while nothing says it falls behind (it may raise itself:
+    root); DuckDB starts no thread of its own."""
     d = bcc_daemon(tmp_path, ["--api-socket", str(tmp_path / "api.sock")])
     try:
         from stallscope.api.client import Client
@@ -96,12 +97,20 @@ def test_every_daemon_thread_runs_at_the_priority_of_its_role(tmp_path):
         assert client.query("SELECT count(*) FROM runs")[1] == [(0,)]  # the query pool exists
         client.close()
 
+        def serving(comm):
+            # What answers a waiting client: the query pool that ran the
+            # query above, gRPC's handlers and its poller (stallscope/api*).
+            return comm.startswith("stallscope/api")
+
         def settled():
-            return all(p == IDLE for _, p in policies(d.proc.pid).values())
+            return all(
+                p == (BATCH if serving(comm) else IDLE) for comm, p in policies(d.proc.pid).values()
+            )
 
         assert wait_for(settled, timeout_s=10), policies(d.proc.pid)
         got = policies(d.proc.pid)
         assert got[d.proc.pid] == ("stallscope", IDLE)
+        assert sum(serving(comm) for comm, _ in got.values()) >= 2, got
         names = {comm for comm, _ in got.values()}
         for role in ("stallscope/stor", "stallscope/step", "stallscope/sche", "stallscope/api-"):
             assert role in names, names

@@ -68,6 +68,12 @@ class MetricsServer:
                 f"metrics: cannot listen on {listen}: {exc.strerror or exc}"
             ) from None
         self.port = self.httpd.server_port
+        # A scrape answers a waiting Prometheus (10 s timeout by default): its
+        # server thread, and the request threads it starts, are serving
+        # threads, not idle ones (threads.serving).
+        reason = threads.serve_tid(self._thread.native_id, "metrics-http")
+        if reason:
+            log.info("metrics: %s", reason)
         daemon.store.add_listener(self.metrics.on_batch)
         api = getattr(daemon, "api", None)
         # Slow steps are the API's stall detector's alerts. Without the API no
