@@ -13,7 +13,8 @@ says which of two roles it has, first thing when it starts:
   on waking, but weighs 15 and is not treated as an idle CPU by the waking
   engine, so SCHED_IDLE is the stronger of the two.
 - `paced(name, backlog)`: work that must keep pace with the engine (the
-  probe socket: a client's socket must not fill). Where the daemon may
+  probe socket: a client's socket must not fill; a request being served,
+  at nice 10). Where the daemon may
   raise a thread again (`can_raise()`), it runs at idle priority while its
   backlog gauge says it keeps up and under SCHED_BATCH at nice 0 while it
   does not; elsewhere it is a batch thread throughout. A batch thread gets
@@ -111,14 +112,22 @@ def can_raise():
         return False
 
 
-def paced(name, backlog=None):
+def paced(name, backlog=None, nice=0):
     """Make the calling thread one that keeps pace: at idle priority while
     `backlog()` (the fraction of what it can fall behind by, as for
     background threads) says it keeps up, raised to SCHED_BATCH at nice 0
     by `check_backlogs()`/`check_paced()` while it does not; a batch thread
     throughout when there is no gauge or raising is not permitted (it could
-    not come back). Returns None, or the reason it stays as it was."""
+    not come back). `nice` (never lowered again: that needs privilege) is
+    for threads that answer a request (/metrics): a batch thread at nice 10
+    weighs 110 against a nice-0 engine's 1,024: a scrape is served on CPUs
+    the engines fill, never starved at idle priority. Returns None or why not."""
     tid = _tid()
+    if nice:
+        try:
+            os.setpriority(os.PRIO_PROCESS, tid, nice)  # this thread only (Linux)
+        except OSError as exc:
+            return f"{name}: cannot set nice {nice}: {exc}"
     idle_until_behind = backlog is not None and can_raise()
     gauge = None
     if idle_until_behind:

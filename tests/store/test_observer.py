@@ -84,7 +84,7 @@ def preempted_by(d, engine, pid):
 
 def test_every_daemon_thread_runs_at_the_priority_of_its_role(tmp_path):
     """Every thread, ours or a library's (DuckDB, Arrow, gRPC), runs at idle
-    priority; the probe socket's reader (the main thread) too while nothing
+    priority but the hang watchdog (batch); the probe socket's reader (the main thread) too while nothing
     says it falls behind (it may raise itself: root); DuckDB starts no thread
     of its own."""
     d = bcc_daemon(tmp_path, ["--api-socket", str(tmp_path / "api.sock")])
@@ -96,12 +96,16 @@ def test_every_daemon_thread_runs_at_the_priority_of_its_role(tmp_path):
         assert client.query("SELECT count(*) FROM runs")[1] == [(0,)]  # the query pool exists
         client.close()
 
-        def settled():
-            return all(p == IDLE for _, p in policies(d.proc.pid).values())
+        def others():  # threads not at idle priority, the hang watchdog left out
+            got = policies(d.proc.pid).items()
+            return {t: cp for t, cp in got if cp[1] != IDLE and cp[0] != "stallscope/hang"}
 
-        assert wait_for(settled, timeout_s=10), policies(d.proc.pid)
+        assert wait_for(lambda: not others(), timeout_s=10), others()
         got = policies(d.proc.pid)
         assert got[d.proc.pid] == ("stallscope", IDLE)
+        # the hang watchdog keeps pace as a batch thread: a hung engine may
+        # spin on every CPU (docs/footprint.md)
+        assert [p for comm, p in got.values() if comm == "stallscope/hang"] == [BATCH], got
         names = {comm for comm, _ in got.values()}
         for role in ("stallscope/stor", "stallscope/step", "stallscope/sche", "stallscope/api-"):
             assert role in names, names

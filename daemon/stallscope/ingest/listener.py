@@ -173,6 +173,14 @@ class Ingest(RunRegistry, RecordDecoder, CensusIngest, PyStateIngest):
         self.undecoded = 0  # records read and queued for decode_pending
         self._changes = 0  # datagrams, closes and rejections so far
         self._changes_decoded = 0  # ... as of the latest decode_pending
+        # A monotonic time before which everything clients sent has been read
+        # and decoded into the store (its listeners saw it); 0 before the
+        # first complete round. Behind the clock while ingest is behind (a
+        # main loop at idle priority waiting for a CPU): the hang detector
+        # judges silence up to here, never from the clock alone. Written by
+        # the loop's thread only (poll, decode_pending), read by any.
+        self.caught_up_ns = 0
+        self._read_upto_ns = 0  # the select of the latest complete poll round
         self._next_run_id = self._max_run_id() + 1
         self._db_pids = self._pids_with_runs()  # pids a run could be resumed for
         self.listener = self._open_listener(socket_path, listen_fd, socket_group)
@@ -228,6 +236,8 @@ class Ingest(RunRegistry, RecordDecoder, CensusIngest, PyStateIngest):
         """Serve sockets for up to `timeout` seconds (one selector round);
         returns the number of datagrams read."""
         before = self.datagrams
+        selected_ns = time.monotonic_ns()
+        complete = True
         for key, _ in self.selector.select(timeout):
             if key.data is None:
                 self._accept(ACCEPTS_PER_ROUND)
@@ -236,8 +246,14 @@ class Ingest(RunRegistry, RecordDecoder, CensusIngest, PyStateIngest):
                     os.read(self._wake_r, 4096)
                 except OSError:
                     pass
-            else:
-                self._read(key.data)
+            elif self._read(key.data):
+                complete = False
+        if complete:
+            # Every connection was read until its socket was empty: whatever
+            # a client sent before the select is read now.
+            self._read_upto_ns = selected_ns
+            if not self.has_pending():
+                self.caught_up_ns = selected_ns
         return self.datagrams - before
 
     def slow_enough(self, gap_s, max_backlog):

@@ -121,7 +121,8 @@ class HangWatchdog:
                 log.exception("hang watchdog: tick failed; continuing")
 
     def tick(self, now_ns):
-        started, ended = self.detector.check(now_ns)
+        seen = getattr(self.daemon.ingest, "caught_up_ns", None)
+        started, ended = self.detector.check(now_ns, seen)
         for ep in started:
             self._episode(ep)
         for ep in ended:
