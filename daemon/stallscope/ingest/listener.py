@@ -124,6 +124,7 @@ class Ingest(RunRegistry, RecordDecoder, CensusIngest, PyStateIngest):
         socket_group=None,
         on_run_end=None,
         on_watch=None,
+        on_stacks=None,
         on_step_threads=None,
         on_pylayout=None,
         on_pythreads=None,
@@ -145,6 +146,8 @@ class Ingest(RunRegistry, RecordDecoder, CensusIngest, PyStateIngest):
         self.on_run_end = on_run_end or (lambda run_id: None)
         # on_watch(conn, datagram): a WATCH request (service/watch.py answers it).
         self.on_watch = on_watch
+        # on_stacks(conn, datagram): a STACKS request (service/hang.py answers it).
+        self.on_stacks = on_stacks
         # on_step_threads(pid, tids): threads seen emitting spans for the first time.
         self.on_step_threads = on_step_threads
         # The CPU sampler's report (pystate.py): on_pylayout(pid, run_id, info)
@@ -386,10 +389,11 @@ class Ingest(RunRegistry, RecordDecoder, CensusIngest, PyStateIngest):
                         run.unflushed = True
                     run.drops_full, run.drops_disconnected = drops_full, drops_disc
             return None
-        if kind == wire.DGRAM_WATCH:
-            if run is not None or self.on_watch is None:
+        if kind in (wire.DGRAM_WATCH, wire.DGRAM_STACKS):
+            handle = self.on_watch if kind == wire.DGRAM_WATCH else self.on_stacks
+            if run is not None or handle is None:
                 return self._reject(run_id, conn.pid, "bad_kind")
-            return self.on_watch(conn, data)
+            return handle(conn, data)
         if kind in (wire.DGRAM_EVENT, wire.DGRAM_CENSUS):
             if run is None:
                 return self._reject(None, conn.pid, "no_hello")
