@@ -8,8 +8,10 @@ reading a pipe nobody writes; (b) the step thread spins in a Python loop;
 backtracking) holding the GIL. While each is hung, `/proc/PID/status`
 says `TracerPid: 0` at every look and the engine's threads keep their
 state (the spinner's counter advances while the dump is taken); then one
-engine that reports idle steps and waits is never hung. The daemon is
-stopped and the database read: one dump per episode, detected within
+engine that pauses in a step for 3 s and resumes is hung, then recovered,
+and one engine that reports idle steps and waits is never hung. The
+API's live stream (StreamEvents, kind HUNG) tells each episode's start
+and its end. The daemon is stopped and the database read: one dump per episode, detected within
 threshold + 2 s of the hang, naming the function each thread is in (an
 engine starved for over 1 s in its busy phase on a loaded machine has an
 episode of its own before, which must have recovered).
@@ -21,6 +23,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -66,6 +69,37 @@ class HangEngine:
         self.proc.wait(10)
 
 
+class HungStream:
+    """HUNG events of the daemon's live stream, collected on a thread."""
+
+    def __init__(self, api_socket):
+        from stallscope.api.client import Client
+        from stallscope.api.v1 import stallscope_pb2 as pb
+
+        self.client = Client(api_socket)
+        self.client.wait_ready()
+        self.call = self.client.events(kinds=[pb.HUNG])
+        self.events = []
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self):
+        import grpc
+
+        try:
+            for batch in self.call:
+                self.events.extend(
+                    e.hung for e in batch.events if e.WhichOneof("payload") == "hung"
+                )
+        except grpc.RpcError:
+            pass  # cancelled at stop, or the daemon stopped
+
+    def stop(self):
+        self.call.cancel()
+        self.thread.join(10)
+        self.client.close()
+
+
 def _hung_in_log(daemon, pid=None):
     """Episodes the daemon logged (of `pid`)."""
     return daemon.read_log().count(f"(pid {pid}) hung: " if pid else " hung: ")
@@ -87,11 +121,13 @@ def traced(tmp_path_factory):
         f"requires root and bcc: {BccCpuProbe.unavailable()}",
     )
     tmp = tmp_path_factory.mktemp("hang")
-    args = ["--cpu-sampler", "--hang-min-dump-interval-s", "0", "--metrics-listen", "127.0.0.1:0"]
+    args = ["--cpu-sampler", "--hang-min-dump-interval-s", "0", "--metrics-listen", "127.0.0.1:0",
+            "--api-socket", str(tmp / "api.sock")]  # fmt: skip
     daemon = DaemonProcess(tmp, extra_args=args)
     daemon.start(timeout_s=90)
     port = metrics_port(daemon)
     runs = {}
+    stream = HungStream(str(tmp / "api.sock"))
     try:
         for mode in ("lock", "spin", "ccall"):
             eng = HangEngine(daemon.socket, mode)
@@ -120,6 +156,17 @@ def traced(tmp_path_factory):
                 }
             finally:
                 eng.kill()
+        pause = HangEngine(daemon.socket, "pause")
+        try:
+            pid = pause.expect("ready")["pid"]
+            runs["pause"] = {"pid": pid, "hanging": pause.expect("hanging")}
+            ended = daemon.read_log().count("recovered after")
+            runs["pause"]["resumed"] = pause.expect("resumed")
+            assert wait_for(
+                lambda: daemon.read_log().count("recovered after") > ended, timeout_s=30
+            ), daemon.read_log()[-3000:]
+        finally:
+            pause.kill()
         idle = HangEngine(daemon.socket, "idle")
         try:
             runs["idle"] = {"pid": idle.expect("ready")["pid"]}
@@ -128,8 +175,10 @@ def traced(tmp_path_factory):
         finally:
             idle.kill()
     finally:
+        stream.stop()
         daemon.stop()
     log = daemon.read_log()
+    runs["hung_events"] = stream.events
     return daemon, runs, log
 
 
@@ -246,3 +295,28 @@ def test_status_lists_the_dumps(traced):
         assert str(runs[mode]["pid"]) in section, section
     assert str(runs["idle"]["pid"]) not in section
     assert "per-run threshold" in section
+
+
+def test_the_live_stream_tells_each_hang_and_its_end(traced):
+    daemon, runs, _ = traced
+    events = runs["hung_events"]
+    for mode in ("lock", "spin", "ccall"):
+        run = runs[mode]
+        dump_id = _dump(daemon, run)[0]
+        mine = [
+            (e.state, e.dump_id) for e in events if e.pid == run["pid"] and e.dump_id == dump_id
+        ]
+        # found hung, then the run left while hung (the engine was killed)
+        assert mine == [("hung", dump_id), ("left", dump_id)], events
+        (hung,) = [e for e in events if e.dump_id == dump_id and e.state == "hung"]
+        assert hung.threads >= 2 and hung.threshold_ns == THRESHOLD_MS * 1_000_000, hung
+        assert "per-run threshold" in hung.reason and hung.lacks == ""
+    # a hang that ends in a step end: hung, then recovered (the stored row too)
+    run = runs["pause"]
+    dump_id = _dump(daemon, run)[0]
+    mine = [e for e in events if e.dump_id == dump_id]
+    assert [e.state for e in mine] == ["hung", "recovered"], events
+    assert mine[0].detected_ns < mine[1].recovered_ns < run["resumed"]["ns"], mine
+    stored = daemon.query("SELECT recovered_ns FROM hang_dumps WHERE dump_id = ?", [dump_id])
+    assert stored == [(mine[1].recovered_ns,)], stored
+    assert not [e for e in events if e.pid == runs["idle"]["pid"]], events

@@ -436,6 +436,8 @@ class Daemon:
             self.fanout.close_all()
             raise
         self.store.add_listener(self.fanout.on_batch)
+        if self.hangs is not None:  # Hung events: the watchdog's episodes, live
+            self.hangs.listeners.append(self.hangs.to_fanout(self.fanout))
 
     def _stop_live(self):
         """Nothing more reaches the subscribers (the API's stop then closes
