@@ -8,6 +8,9 @@ busy steps of ~5 ms (batch 1) for STEPS_S, prints {"event": "hanging",
 - spin: the step spins in `spin_forever` (a Python loop counting in `COUNTER`);
 - ccall: the step is inside `long_c_call`, a regular expression whose
   backtracking runs in C for hours, holding the GIL;
+- pause: the step sleeps PAUSE_S (in `pause_then_resume`), then the engine
+  runs busy steps again, an idle one, prints {"event": "resumed"} and waits
+  (a hang that recovers);
 - idle: busy steps, then idle steps (batch 0) for 0.5 s, then it waits in
   a queue for work that never comes: never hung ({"event": "waiting"}).
 The main thread waits for a line on stdin, then prints the counter and exits.
@@ -26,6 +29,7 @@ import time
 import probe_client
 
 STEPS_S = 1.5
+PAUSE_S = 3.0
 COUNTER = [0]
 LOCK = threading.Lock()
 
@@ -82,8 +86,24 @@ def step_thread(probe, mode):
     time.sleep(0.3)  # the last step ends reach the daemon, the thread list is sent
     print(json.dumps({"event": "hanging", "ns": time.monotonic_ns(),
                       "tid": threading.get_native_id()}), flush=True)  # fmt: skip
-    probe.begin()
+    t0 = probe.begin()
+    if mode == "pause":
+        pause_then_resume(probe, t0)
+        return
     {"lock": wait_for_lock, "spin": spin_forever, "ccall": long_c_call}[mode]()
+
+
+def pause_then_resume(probe, t0):
+    time.sleep(PAUSE_S)
+    probe.end("step", t0, batch=1)
+    for _ in range(20):
+        t0 = probe.begin()
+        work()
+        probe.end("step", t0, batch=1)
+    t0 = probe.begin()
+    probe.end("step", t0, batch=0)
+    print(json.dumps({"event": "resumed", "ns": time.monotonic_ns()}), flush=True)
+    queue.Queue().get()
 
 
 def main():

@@ -48,6 +48,19 @@ def test_busy_run_hangs_once_and_recovers():
     assert d.hangs_total == 1 and d.recoveries_total == 1
 
 
+def test_silence_is_judged_up_to_what_ingest_has_read():
+    # The daemon's main loop read nothing for 3 s (starved at idle priority):
+    # steps the client sent meanwhile may still be queued, so no hang yet.
+    d, _ = detector(min_threshold_ns=1 * S)
+    d.on_batch("spans", steps(1, [1.0, 1.1]))
+    assert d.check(int(4.1 * S), seen_upto_ns=int(1.5 * S)) == ([], [])
+    d.on_batch("spans", steps(1, [3.9]))  # read and decoded late: it kept working
+    assert d.check(int(4.2 * S), seen_upto_ns=int(4.2 * S)) == ([], [])
+    started, _ = d.check(int(6.0 * S), seen_upto_ns=int(5.0 * S))  # 1.1 s seen silent
+    assert [e.run_id for e in started] == [1] and "1.1 s" in started[0].reason
+    assert started[0].detected_ns == 6 * S  # the clock's time, not the watermark's
+
+
 def test_an_idle_last_step_is_never_hung():
     d, _ = detector(min_threshold_ns=1 * S)
     d.on_batch("spans", steps(1, [1.0, 1.1]))

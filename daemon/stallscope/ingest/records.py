@@ -141,6 +141,7 @@ class RecordDecoder:
     def decode_pending(self):
         """Turn every run's queued record bytes into column batches for the store."""
         self._changes_decoded = self._changes
+        upto = self._read_upto_ns  # what was read by then is decoded below
         new_runs, run_changes = self._take_run_writes()
         with self._lock:
             work = []
@@ -182,6 +183,7 @@ class RecordDecoder:
                     "count": [rejections[k] for k in keys],
                 },
             )
+        self.caught_up_ns = max(self.caught_up_ns, upto)  # Ingest.caught_up_ns
 
     def _decode_run(self, run, chunks, first_seqs, counts, names):
         recs = np.frombuffer(b"".join(chunks), dtype=RECORD_DTYPE)

@@ -14,12 +14,15 @@ recovered get their `recovered_ns`. Nothing here stops, signals or ptraces
 the traced process; a failing capture is counted and logged, never raised
 into the daemon. `group_pids` is the seam for run groups: today a run's
 group is its own process. `stacks(pid)` is the same capture on demand
-(`stallscope stacks`), without rows.
+(`stallscope stacks`), without rows. `to_fanout` streams each episode's
+start and end to the API's live subscribers (the Hung event).
 """
 
 import logging
 import threading
 import time
+
+import pyarrow as pa
 
 from stallscope import threads
 from stallscope.probes import hang_proc
@@ -30,6 +33,8 @@ from stallscope.vocab.log_channels import log_channel
 log = logging.getLogger(log_channel(__name__))
 
 TICK_S = 0.2
+# Columns of a `hang_events` row that are numbers, 0 when unknown.
+EVENT_NUMBERS = "run_id pid dump_id detected_ns threshold_ns last_step_end_ns recovered_ns".split()
 # A sampler stack younger than this stands for a thread found running.
 SAMPLER_FRESH_NS = 2_000_000_000
 
@@ -121,7 +126,8 @@ class HangWatchdog:
                 log.exception("hang watchdog: tick failed; continuing")
 
     def tick(self, now_ns):
-        started, ended = self.detector.check(now_ns)
+        seen = getattr(self.daemon.ingest, "caught_up_ns", None)
+        started, ended = self.detector.check(now_ns, seen)
         for ep in started:
             self._episode(ep)
         for ep in ended:
@@ -200,6 +206,25 @@ class HangWatchdog:
                 fn(kind, info)
             except Exception:
                 log.exception("hang watchdog: a listener failed")
+
+    @staticmethod
+    def to_fanout(fanout):
+        """A listener that streams each episode's news as a `hang_events`
+        batch of one row (event kind HUNG, the proto's Hung)."""
+
+        def listener(kind, info):
+            ts = info["recovered_ns"] if kind == "recovered" else None
+            row = {
+                "state": kind,
+                "ts_ns": ts or info["detected_ns"],
+                "threads": info.get("threads") or 0,
+                "lacks": info.get("lacks") or "",
+                **{k: info.get(k) or 0 for k in EVENT_NUMBERS},
+                "reason": info["reason"],
+            }
+            fanout.on_batch("hang_events", pa.table({k: [v] for k, v in row.items()}))
+
+        return listener
 
     # ----- capture ----------------------------------------------------------------------------
     def capture(self, pid):

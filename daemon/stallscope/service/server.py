@@ -23,6 +23,7 @@ from stallscope import probes as probe_registry
 from stallscope import threads
 from stallscope.errors import ConfigError
 from stallscope.ingest.listener import Ingest
+from stallscope.ingest.requests import StacksRequests
 from stallscope.ingest.sockets import prepare_path
 from stallscope.probes import bpf_common
 from stallscope.probes.base import ProbeSettings, Sink
@@ -186,6 +187,7 @@ class Daemon:
         self.config_source = config_source  # re-read on SIGHUP (daemon/reload.py)
         self.config = config
         self.tracked_pids = set()
+        self.stack_requests = None  # made at the first STACKS request
         self._reload = threading.Event()
         # Probes first, the probe socket last: a client that can connect is
         # a client whose scheduling the probes already follow. (Under socket
@@ -207,6 +209,7 @@ class Daemon:
                 on_run_end=self.coverage.run_ended,
                 socket_group=group,
                 on_watch=self.watcher.request,
+                on_stacks=self._stacks_request,
                 on_step_threads=self._step_threads,
                 on_pylayout=self._pylayout,
                 on_pythreads=self._pythreads,
@@ -327,6 +330,15 @@ class Daemon:
                     "%s probe could not keep pid %d's step threads: %s", probe.name, pid, exc
                 )
 
+    def _stacks_request(self, conn, data):
+        """A STACKS datagram (`stallscope stacks`): the hang watchdog's capture."""
+        if self.stack_requests is None:
+            capture = self.hangs.stacks if self.hangs is not None else None
+            self.stack_requests = StacksRequests(
+                lambda: self.tracked_pids, capture, self.settings.proc_root
+            )
+        return self.stack_requests.request(conn, data)
+
     def _probe(self, name):
         return next((p for p in self.probes if p.name == name), None)
 
@@ -424,6 +436,8 @@ class Daemon:
             self.fanout.close_all()
             raise
         self.store.add_listener(self.fanout.on_batch)
+        if self.hangs is not None:  # Hung events: the watchdog's episodes, live
+            self.hangs.listeners.append(self.hangs.to_fanout(self.fanout))
 
     def _stop_live(self):
         """Nothing more reaches the subscribers (the API's stop then closes

@@ -14,7 +14,10 @@ was not idle": an engine that reports idle steps while it waits for
 requests is never hung. `has_work` is the seam for the requests issue
 (requests in flight make a run busy whatever its last step was). An
 episode ends at the first step end after it (recovered) or when the run
-leaves. This module never queries the database and never blocks the
+leaves. Silence is measured up to ingest's watermark (what clients sent
+before it has been folded), not to the clock: under load the daemon's
+main loop may read late, and its queued step ends are not a hang. This
+module never queries the database and never blocks the
 appending thread: the fold is a few numpy reductions per batch.
 """
 
@@ -143,10 +146,14 @@ class HangDetector:
         return not watch.last_idle
 
     # ----- the watchdog's tick ---------------------------------------------------------------
-    def check(self, now_ns):
+    def check(self, now_ns, seen_upto_ns=None):
         """(episodes that started, episodes that ended) since the last check.
-        An ended episode carries recovered_ns (0 when the run left while hung)."""
+        An ended episode carries recovered_ns (0 when the run left while hung).
+        `seen_upto_ns`: the time before which every step end a client sent
+        has been folded here (ingest's watermark); silence is measured up to
+        it, so a step end still queued in the daemon is never a hang."""
         started, ended = [], []
+        upto = now_ns if seen_upto_ns is None else min(now_ns, seen_upto_ns)
         pids = self.run_pids()
         with self._lock:
             for run_id, watch in list(self.runs.items()):
@@ -166,7 +173,7 @@ class HangDetector:
                 if not watch.last_end_ns or not watch.durations or not self.has_work(watch):
                     continue
                 threshold, how = self.threshold_for(watch)
-                silent = now_ns - watch.last_end_ns
+                silent = upto - watch.last_end_ns
                 if silent <= threshold:
                     continue
                 reason = (

@@ -14,6 +14,7 @@ CHANNELS = {
     "stallscope.api.server": "stallscope.api",
     "stallscope.cli.daemon": "stallscope.daemon",
     "stallscope.ingest.listener": "stallscope.ingest",
+    "stallscope.ingest.requests": "stallscope.hang",
     "stallscope.ingest.runs": "stallscope.ingest",
     "stallscope.ingest.sockets": "stallscope.daemon",
     "stallscope.probes.bpf_probe": "stallscope.probes.bpf",
