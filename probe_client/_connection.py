@@ -199,6 +199,7 @@ class Connection:
             "parent_pid": _parent_pid(),
             "group": os.environ.get("STALLSCOPE_GROUP") or None,
             "rank": _rank(),
+            "hang_threshold_ms": _hang_threshold_ms(),  # the run's own hang threshold
         }
         data = json.dumps(info, separators=(",", ":")).encode()[: wire.HELLO_MAX]
         return bytes(self._header(wire.DGRAM_HELLO, 0, now_mono)) + data
@@ -230,3 +231,16 @@ def _rank():
         if text.isdigit():
             return int(text)
     return None
+
+
+HANG_THRESHOLD_ENV = "STALLSCOPE_RUN_HANG_THRESHOLD_MS"
+
+
+def _hang_threshold_ms():
+    """This run's hang threshold from the environment (ms), None when unset or
+    not a number (the daemon's threshold applies; it bounds the value)."""
+    text = os.environ.get(HANG_THRESHOLD_ENV)
+    try:
+        return float(text) if text else None
+    except ValueError:
+        return None
