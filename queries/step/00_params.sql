@@ -41,4 +41,13 @@ SELECT
     -- lock wait that follows it when the thread blocks again within this
     -- long (nanoseconds): a GIL waiter times out every switch interval,
     -- runs a few microseconds, and waits again until the holder wakes it.
-    coalesce(getvariable('step_lock_chain_gap_ns'), 50000)::BIGINT      AS lock_chain_gap_ns;
+    coalesce(getvariable('step_lock_chain_gap_ns'), 50000)::BIGINT      AS lock_chain_gap_ns,
+    -- A step waited for a span of another process of its run group (a
+    -- peer span: step_attribution.peer_*) when that span started inside the
+    -- step and the step ended at most peer_end_gap_ns (nanoseconds) plus
+    -- peer_end_gap_share (0..1) of the peer's time inside the step after
+    -- it ended: a poller that waited long backs off (vLLM's shared-memory
+    -- queue sleeps between polls) or loses its CPU meanwhile, so it notices
+    -- a long peer span's end later.
+    coalesce(getvariable('step_peer_end_gap_ns'), 1000000)::BIGINT      AS peer_end_gap_ns,
+    coalesce(getvariable('step_peer_end_gap_share'), 0.1)::DOUBLE       AS peer_end_gap_share;

@@ -50,7 +50,7 @@
 
 -- One row per step.
 CREATE OR REPLACE VIEW step_attribution AS
-WITH f AS MATERIALIZED (SELECT * FROM _step_base),
+WITH RECURSIVE f AS MATERIALIZED (SELECT * FROM _step_base),
 p AS (SELECT * FROM step_params),
 cov_run AS (   -- which probes ever covered each run
     SELECT run_id,
@@ -82,7 +82,7 @@ cov_run AS (   -- which probes ever covered each run
     SELECT st.run_id, st.tid, st.step_idx, round(sum(st.part_ns))::BIGINT AS steal_ns
     FROM st JOIN st_cpu k USING (run_id, tid, step_idx)
     WHERE st.cpu = k.cpu GROUP BY ALL
-), j AS (
+), j AS MATERIALIZED (
     SELECT
         f.run_id, f.tid, f.step_idx, f.stage, f.batch, f.start_ns, f.end_ns, f.duration_ns,
         f.baseline_ns, f.baseline_model, f.idle, f.work,
@@ -97,7 +97,7 @@ cov_run AS (   -- which probes ever covered each run
         greatest(coalesce(greatest(f.submit_ns - f.submit_baseline_ns, 0), 0)
                  - coalesce(c.gc_in_submit_ns, 0) - coalesce(c.offcpu_in_submit_ns, 0), 0) AS submit_raw_ns,
         NOT f.idle AND f.duration_ns > p.slow_factor * f.baseline_ns AS slow,
-        p.cause_min_share, p.migration_cost_ns,
+        p.cause_min_share, p.migration_cost_ns, p.peer_end_gap_ns, p.peer_end_gap_share,
         -- coverage: sched counts as covering a run that has no sched coverage row
         coalesce(cs.sched, false) OR NOT coalesce(cr.sched, false) AS sched_cov,
         coalesce(cs.syscalls, false) AS syscalls_cov,
@@ -138,6 +138,78 @@ cov_run AS (   -- which probes ever covered each run
                                  - rq_fallback_ns END AS blocked_ns,
         CASE WHEN sched_cov THEN coalesce(c_migrations, 0) END AS migrations
     FROM k
+), grp AS (    -- runs of run groups with more than one run (runs.group_key)
+    SELECT run_id, group_key FROM runs WHERE group_key IS NOT NULL
+    QUALIFY count(*) OVER (PARTITION BY group_key) > 1
+), gj AS MATERIALIZED (  -- their steps
+    SELECT j.run_id, j.tid, j.step_idx, j.start_ns, j.end_ns, j.slow, j.excess_ns, j.peer_end_gap_ns,
+           j.peer_end_gap_share, g.group_key
+    FROM j JOIN grp g USING (run_id)
+), gb AS (     -- bucket size of the join (only a join device)
+    SELECT greatest(coalesce(avg(end_ns - start_ns), 0)::BIGINT, 1000000) AS bucket_ns FROM gj
+), gcov AS (   -- one row per (grouped step, bucket its span touches)
+    SELECT gj.*, unnest(range(gj.start_ns // b.bucket_ns,
+                              greatest(gj.end_ns - 1, gj.start_ns) // b.bucket_ns + 1)) AS bucket
+    FROM gj CROSS JOIN gb b
+), gstart AS (  -- each grouped step with the bucket of its start (a plain
+                -- column, so the join below hashes on it: an expression
+                -- there left only group_key as the hash key, quadratic in a
+                -- group's steps)
+    SELECT gj.*, gj.start_ns // b.bucket_ns AS start_bucket FROM gj CROSS JOIN gb b
+), pp AS (     -- steps of another run of the group that start inside the step and end by its end
+    SELECT s.run_id, s.tid, s.step_idx, s.end_ns AS s_end_ns, s.peer_end_gap_ns, s.peer_end_gap_share,
+           p.run_id AS p_run_id, p.tid AS p_tid, p.step_idx AS p_step_idx,
+           p.start_ns AS p_start_ns, p.end_ns AS p_end_ns, p.slow AS p_slow, p.excess_ns AS p_excess_ns
+    FROM gcov s
+    JOIN gstart p ON p.group_key = s.group_key AND p.start_bucket = s.bucket
+             AND p.run_id <> s.run_id
+             AND p.start_ns > s.start_ns AND p.start_ns < s.end_ns
+    WHERE p.end_ns <= s.end_ns
+), pt AS (     -- per step and peer thread (a rank): its spans inside the step
+    SELECT run_id, tid, step_idx, p_run_id, p_tid, any_value(s_end_ns) AS s_end_ns,
+        any_value(peer_end_gap_ns) AS peer_end_gap_ns, any_value(peer_end_gap_share) AS peer_end_gap_share,
+        max(p_end_ns) AS last_end_ns,
+        sum(p_end_ns - p_start_ns) AS overlap_ns,
+        coalesce(sum(greatest(p_excess_ns, 0)) FILTER (p_slow), 0) AS slow_excess_ns,
+        -- the peer span: its slow span with the most excess, else its last
+        arg_max(p_step_idx, (p_slow, CASE WHEN p_slow THEN p_excess_ns ELSE 0 END, p_end_ns)) AS p_step_idx
+    FROM pp GROUP BY run_id, tid, step_idx, p_run_id, p_tid
+), pl AS (     -- per step: the late peer (the one that finished last), and by how
+               -- much; the step waited for it when it ended within
+               -- peer_end_gap_ns (+ peer_end_gap_share of its time) of the step's end
+    SELECT run_id, tid, step_idx, count(*) AS peers,
+        arg_max({'run_id': p_run_id, 'tid': p_tid, 'step_idx': p_step_idx, 'overlap_ns': overlap_ns,
+                 'excess_ns': slow_excess_ns}, (last_end_ns, p_run_id, p_tid)) AS late,
+        CASE WHEN count(*) > 1 THEN max(last_end_ns) - list_sort(list(last_end_ns), 'DESC')[2] END
+            AS peer_late_ns
+    FROM pt GROUP BY ALL
+    HAVING any_value(s_end_ns) - max(last_end_ns)
+           <= any_value(peer_end_gap_ns) + any_value(peer_end_gap_share) * arg_max(overlap_ns, last_end_ns)
+), o2 AS (     -- the matched peer's time: the step waited inside the late peer's
+               -- span while that span ran over its own baseline (slept or spun);
+               -- it goes before the later waits, which give up the same share
+    SELECT o.* EXCLUDE (lock_ns, peer_ns, runq_ns, throttled_ns, preempted_ns, blocked_ns),
+        pl.peers, pl.late, pl.peer_late_ns, x.old_peer_ns, x.match_ns,
+        CASE WHEN x.peer_ns IS NOT NULL THEN round(o.lock_ns * x.keep)::BIGINT END AS lock_ns,
+        x.peer_ns,
+        round(o.runq_ns * x.keep)::BIGINT AS runq_ns,
+        round(o.throttled_ns * x.keep)::BIGINT AS throttled_ns,
+        round(o.preempted_ns * x.keep)::BIGINT AS preempted_ns,
+        round(o.blocked_ns * x.keep)::BIGINT AS blocked_ns
+    FROM o
+    LEFT JOIN pl USING (run_id, tid, step_idx)
+    CROSS JOIN LATERAL (
+        SELECT y.*,
+            CASE WHEN y.peer_ns IS NULL OR y.peer_ns <= y.old_peer_ns THEN 1.0
+                 ELSE greatest(0.0, 1.0 - (y.peer_ns - y.old_peer_ns)
+                                    / greatest(1, o.duration_ns - o.gc_ns - y.old_peer_ns)) END AS keep
+        FROM (SELECT z.*,
+                CASE WHEN o.sched_cov OR z.match_ns > 0 THEN greatest(z.old_peer_ns, z.match_ns) END AS peer_ns
+              FROM (SELECT coalesce(o.peer_ns, 0) AS old_peer_ns,
+                           least(coalesce(CASE WHEN pl.late.excess_ns > 0 THEN
+                                     least(pl.late.excess_ns, pl.late.overlap_ns) END, 0),
+                                 greatest(0, o.duration_ns - o.gc_ns)) AS match_ns) z) y
+    ) x
 ), r AS (      -- on-CPU raw parts, and the time they may share: the wall time
                -- outside GC and the off-CPU parts
     SELECT o.*,
@@ -149,7 +221,7 @@ cov_run AS (   -- which probes ever covered each run
         CASE WHEN syscalls_cov THEN   -- time in syscalls less the voluntary off-CPU time
             greatest(0, coalesce(c_syscall_total_ns, 0) - coalesce(blocked_raw_ns, 0)) END AS syscall_raw,
         migrations * migration_cost_ns AS migration_raw
-    FROM o
+    FROM o2 o
 ), q AS (      -- running totals in precedence order (NULL parts count 0)
     SELECT r.*,
         coalesce(irq_raw, 0) AS p1,
@@ -177,12 +249,12 @@ cov_run AS (   -- which probes ever covered each run
     FROM q
 ), m AS (
     SELECT c.*,
-        greatest(gc_ns, coalesce(lock_ns, 0), coalesce(peer_ns, 0), coalesce(runq_ns, 0),
+        greatest(gc_ns, coalesce(peer_ns, 0), coalesce(lock_ns, 0), coalesce(runq_ns, 0),
                  coalesce(throttled_ns, 0), coalesce(preempted_ns, 0), coalesce(blocked_ns, 0),
                  coalesce(irq_ns, 0), coalesce(steal_ns, 0), coalesce(page_fault_ns, 0),
                  coalesce(syscall_ns, 0), coalesce(migration_ns, 0), submit_host_ns, gpu_clock_ns) AS top_ns
     FROM c
-)
+), core AS MATERIALIZED (
 SELECT
     run_id,               -- run (runs.run_id)
     tid,                  -- native thread id of the step
@@ -213,8 +285,8 @@ SELECT
         WHEN top_ns > 0 AND top_ns >= cause_min_share * excess_ns THEN
             CASE top_ns
                 WHEN gc_ns THEN 'gc'
-                WHEN lock_ns THEN 'lock'
                 WHEN peer_ns THEN 'peer'
+                WHEN lock_ns THEN 'lock'
                 WHEN runq_ns THEN 'runqueue'
                 WHEN throttled_ns THEN 'throttled'
                 WHEN preempted_ns THEN 'preemption'
@@ -235,7 +307,7 @@ SELECT
     work,                 -- the user's work measure (spans.work), NULL if none
     baseline_model,       -- 'batch', 'stage', 'work_bucket' or 'work_fit' (step_baseline); NULL for idle steps
     lock_ns,              -- asleep until another thread of the process woke it, net of GC, ns; NULL outside sched coverage
-    peer_ns,              -- asleep until a thread of another traced process woke it, net of GC, ns
+    peer_ns,              -- waited for another process: asleep until a thread of another traced process woke it, or (slept or spun) inside the late peer span's excess (step_peer), net of GC, ns; NULL outside sched coverage without a peer span
     throttled_ns,         -- preempted while the CPU then ran nothing (CPU quota), net of GC, ns
     irq_ns,               -- IRQ time on the thread's CPU while it ran, ns; NULL outside irq coverage
     steal_ns,             -- hypervisor steal on the thread's CPU, pro-rated, ns; NULL outside steal coverage
@@ -251,5 +323,38 @@ SELECT
     CASE WHEN sched_cov THEN waker.comm END AS waker_comm,          -- its comm
     CASE WHEN sched_cov THEN waker.pid END AS waker_pid,            -- its process
     CASE WHEN sched_cov THEN waker.run_id END AS waker_run_id,      -- its run, when it is a traced process
-    uncovered_probes      -- probes that covered the run at some time but not this step
-FROM m;
+    uncovered_probes,     -- probes that covered the run at some time but not this step
+    late, peers, peer_late_ns, old_peer_ns, match_ns, blocked_raw_ns
+FROM m
+), hop AS (    -- from each step with a peer span to the peer whose own cause is not
+               -- 'peer': at most 4 hops, a run never visited twice (cycles cut)
+    SELECT run_id, tid, step_idx, late.run_id AS h_run_id, late.tid AS h_tid,
+           late.step_idx AS h_step_idx, 1 AS depth, [run_id, late.run_id] AS seen
+    FROM core WHERE late IS NOT NULL
+    UNION ALL
+    SELECT h.run_id, h.tid, h.step_idx, n.late.run_id, n.late.tid, n.late.step_idx, h.depth + 1,
+           list_append(h.seen, n.late.run_id)
+    FROM hop h
+    JOIN core n ON n.run_id = h.h_run_id AND n.tid = h.h_tid AND n.step_idx = h.h_step_idx
+    WHERE n.cause = 'peer' AND n.late IS NOT NULL AND h.depth < 4
+      AND NOT list_contains(h.seen, n.late.run_id)
+), hend AS (
+    SELECT run_id, tid, step_idx, arg_max({'run_id': h_run_id, 'tid': h_tid, 'step_idx': h_step_idx}, depth) AS e,
+           max(depth) AS depth
+    FROM hop GROUP BY ALL
+)
+SELECT c.* EXCLUDE (late, peers, peer_late_ns, old_peer_ns, match_ns, blocked_raw_ns),
+    CASE WHEN c.peer_ns > 0 THEN
+        CASE WHEN c.match_ns > c.old_peer_ns AND coalesce(c.blocked_raw_ns, 0) * 2 < c.match_ns
+             THEN 'spun' ELSE 'slept' END
+    END AS peer_wait,     -- how the step waited for its peer: 'slept' (off CPU) or 'spun' (on CPU, polling); NULL when peer_ns is 0
+    coalesce(h.e.run_id, CASE WHEN c.old_peer_ns > 0 THEN c.waker_run_id END) AS peer_run_id,  -- the peer's run: the late peer span's, followed while its own cause is 'peer' (peer_depth hops), else the traced waker's
+    h.e.tid AS peer_tid,           -- that peer span's thread (a step of peer_run_id)
+    h.e.step_idx AS peer_step_idx, -- its step_idx
+    CASE WHEN e.cause <> 'peer' THEN e.cause END AS peer_cause,  -- that peer span's own cause (gc, preemption, lock, ...); NULL when it is not slow or the chain was cut (4 hops, a cycle)
+    h.depth AS peer_depth,         -- hops from the step to that peer span (1: the late peer itself); NULL without a peer span
+    c.peers,                       -- peer threads whose spans the step waited for (ranks); NULL without any
+    c.peer_late_ns                 -- how much later the late peer finished than the next latest, ns; NULL with one peer
+FROM core c
+LEFT JOIN hend h USING (run_id, tid, step_idx)
+LEFT JOIN core e ON e.run_id = h.e.run_id AND e.tid = h.e.tid AND e.step_idx = h.e.step_idx;

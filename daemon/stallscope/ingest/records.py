@@ -54,6 +54,8 @@ class RunState:
         "last_sent_ns",
         "connected",
         "unflushed",
+        "uid",
+        "group_key",
         "hang_threshold_ns",
     )
 
@@ -75,6 +77,8 @@ class RunState:
         self.last_sent_ns = 0
         self.connected = True
         self.unflushed = False
+        self.uid = None  # SO_PEERCRED uid (run groups: a key joins runs of one uid)
+        self.group_key = None  # runs.group_key (ingest/runs.py)
 
 
 class RecordDecoder:

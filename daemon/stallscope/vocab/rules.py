@@ -19,13 +19,25 @@ PREFILL_STAGE = "prefill"  # prompt processing: not a stall in the seed tables
 BASELINE_MIN_STEPS = 5  # smallest baseline group; smaller ones fall back
 WORK_BUCKETS_PER_OCTAVE = 4.0  # work buckets per doubling of spans.work
 LOCK_CHAIN_GAP_NS = 50_000  # a timed-out wait joins the lock wait that follows within this
+PEER_END_GAP_NS = 1_000_000  # a step waited for a peer span that ended at most this long before it
+PEER_END_GAP_SHARE = (
+    0.1  # ... plus this share of the peer's time inside the step (poll back-off, preemption)
+)
+PEER_MAX_DEPTH = 4  # hops followed from a step to the peer whose own cause is named
 
 # Every cause step_attribution names, in precedence order (ties go to the
-# earlier): off-CPU parts, then on-CPU parts, then the two verdicts of a
-# slow step that no component explains.
-OFF_CPU_CAUSES = ("gc", "lock", "peer", "runqueue", "throttled", "preemption", "blocked")
+# earlier; shared/ARCHITECTURE.md's one order for the wave): waits (time the
+# step waited on something else, asleep or spinning), then its own CPU time,
+# then the two verdicts of a slow step that no component explains. `peer`
+# covers a wait for another process of the run group whether the step slept
+# or spun (peer_wait), so it comes before the off-CPU parts.
+OFF_CPU_CAUSES = ("gc", "peer", "lock", "runqueue", "throttled", "preemption", "blocked")
 ON_CPU_CAUSES = ("irq", "steal", "page_fault", "syscall", "migration", "submit", "gpu_clock")
 CAUSES = OFF_CPU_CAUSES + ON_CPU_CAUSES + ("uncovered", "unexplained")
+
+# How a step waited for its peer (step_attribution.peer_wait): off CPU, or
+# on CPU polling (vLLM's engine core spins on a shared-memory queue).
+PEER_WAITS = ("slept", "spun")
 
 # The step_attribution column that sizes each cause's component (ns).
 CAUSE_COLUMNS = {
