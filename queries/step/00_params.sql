@@ -41,4 +41,15 @@ SELECT
     -- lock wait that follows it when the thread blocks again within this
     -- long (nanoseconds): a GIL waiter times out every switch interval,
     -- runs a few microseconds, and waits again until the holder wakes it.
-    coalesce(getvariable('step_lock_chain_gap_ns'), 50000)::BIGINT      AS lock_chain_gap_ns;
+    coalesce(getvariable('step_lock_chain_gap_ns'), 50000)::BIGINT      AS lock_chain_gap_ns,
+    -- A frame of a step's CPU profile holds more than its baseline share of
+    -- the step's samples when a one-sided test rejects at this many standard
+    -- deviations (4.265: level 1e-5 per frame, so under 0.1% per step of up
+    -- to 100 frames; see step_profile and the `code` cause).
+    coalesce(getvariable('step_code_z'), 4.265)::DOUBLE                 AS code_z,
+    -- `cpu_slow` needs the samples to have had at least this chance (0..1)
+    -- of finding a localized excess of half the step's excess...
+    coalesce(getvariable('step_cpu_slow_power'), 0.9)::DOUBLE           AS cpu_slow_power,
+    -- ... in a frame holding this share (0..1) of a normal step's samples
+    -- (a larger frame that grows looks like a slower CPU: docs/queries.md).
+    coalesce(getvariable('step_cpu_slow_ref_share'), 0.1)::DOUBLE       AS cpu_slow_ref_share;

@@ -286,8 +286,10 @@ CAUSE_COLOURS = {
     "page_fault": "teal",
     "syscall": "lime",
     "migration": "sienna",
+    "code": "orangered",
     "submit": "tab:green",
     "gpu_clock": "magenta",
+    "cpu_slow": "darkgoldenrod",
     "uncovered": "0.45",
     "unexplained": "black",
 }

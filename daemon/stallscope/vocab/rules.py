@@ -19,13 +19,38 @@ PREFILL_STAGE = "prefill"  # prompt processing: not a stall in the seed tables
 BASELINE_MIN_STEPS = 5  # smallest baseline group; smaller ones fall back
 WORK_BUCKETS_PER_OCTAVE = 4.0  # work buckets per doubling of spans.work
 LOCK_CHAIN_GAP_NS = 50_000  # a timed-out wait joins the lock wait that follows within this
+CODE_Z = 4.265  # a profile frame's excess is significant at this many SDs (level 1e-5)
+CPU_SLOW_POWER = 0.9  # cpu_slow: the chance the samples had of finding a localized excess
+CPU_SLOW_REF_SHARE = 0.1  # ... of half the excess, in a frame with this baseline share
+
+# Fixed rules of the on-CPU causes (queries/step/11_profile.sql and
+# 09_attribution.sql hold the same numbers; tests/queries/test_rules.py checks).
+OTHER_TASK_WINDOW_NS = 10_000_000  # a switch-in this long before a step counts for it
+BAND_Z = 2.326  # slow band: one-sided sign test at level 0.01
+BAND_MIN_STEPS = 10  # ... over at least this many other steps
+BAND_HALF_WIDTH_S = 1  # ... within this many whole seconds either side of the step's
+DEFAULT_SAMPLE_HZ = 1000  # CPU samples of coverage rows without a rate
 
 # Every cause step_attribution names, in precedence order (ties go to the
-# earlier): off-CPU parts, then on-CPU parts, then the two verdicts of a
-# slow step that no component explains.
+# earlier): waits (off-CPU parts), then the step's own CPU time (on-CPU
+# parts), then the two verdicts of a slow step that no component explains.
+# The wave's one order (shared/ARCHITECTURE.md) also has `gpu_wait` (after
+# gc) and `launch` (after migration), which their issues add in those slots.
 OFF_CPU_CAUSES = ("gc", "lock", "peer", "runqueue", "throttled", "preemption", "blocked")
-ON_CPU_CAUSES = ("irq", "steal", "page_fault", "syscall", "migration", "submit", "gpu_clock")
+ON_CPU_CAUSES = (
+    "irq",
+    "steal",
+    "page_fault",
+    "syscall",
+    "migration",
+    "code",
+    "submit",
+    "gpu_clock",
+    "cpu_slow",
+)
 CAUSES = OFF_CPU_CAUSES + ON_CPU_CAUSES + ("uncovered", "unexplained")
+# Evidence that the CPU gave less (step_attribution.cpu_slow_evidence).
+CPU_SLOW_EVIDENCE = ("other_task", "steal", "band")
 
 # The step_attribution column that sizes each cause's component (ns).
 CAUSE_COLUMNS = {
@@ -41,8 +66,10 @@ CAUSE_COLUMNS = {
     "page_fault": "page_fault_ns",
     "syscall": "syscall_ns",
     "migration": "migration_ns",
+    "code": "code_ns",
     "submit": "submit_host_ns",
     "gpu_clock": "gpu_clock_ns",
+    "cpu_slow": "cpu_slow_ns",
 }
 
 
