@@ -1,6 +1,6 @@
 # The two commands a new user needs: `make demo` and `make test`.
 # Both set up what they need first (scripts/bootstrap.sh, idempotent).
-.PHONY: demo test test-fast lint bootstrap bench clean protos install uninstall faults fleet
+.PHONY: demo test test-fast test-pythons lint bootstrap bench bench-check clean protos install uninstall faults fleet
 
 PYTEST_ARGS ?=
 # builtin: the seed-shaped scenario engine; transformers: HF transformers'
@@ -31,6 +31,14 @@ test: bootstrap lint
 test-fast: bootstrap lint
 	.venv/bin/python -m pytest -m "not daemon and not privileged" -n 2 $(PYTEST_ARGS)
 
+# The probe client's tests on every supported interpreter found (pyenv's
+# 3.10-3.13, Debian's /usr/bin/python3; venvs made by the bootstrap under
+# .venv-pythons/), and `stallscope run` on a 3.9 that it must leave alone.
+# Part of `make test` (tests/pythons/ is in the suite); this runs only it.
+# STALLSCOPE_REQUIRE_PYTHONS=1 (CI) turns a missing interpreter into a failure.
+test-pythons: bootstrap
+	.venv/bin/python -m pytest tests/pythons tests/run/test_old_pythons.py $(PYTEST_ARGS)
+
 lint: bootstrap
 	.venv/bin/ruff check $(LINT_PATHS)
 	.venv/bin/ruff format --check $(LINT_PATHS)
@@ -51,11 +59,16 @@ fleet:
 bench: bootstrap
 	.venv/bin/python bench/run_all.py
 
+# The BENCHMARKS.md rows whose covered paths changed since the commit they
+# were measured at (bench/check.py); prints none when every row is current.
+bench-check:
+	python3 bench/check.py
+
 protos: bootstrap
 	scripts/gen_protos.sh
 
 clean:
-	rm -rf .venv build *.egg-info
+	rm -rf .venv .venv-pythons build *.egg-info
 
 # Install as a systemd service on this host (units, config, sysusers/tmpfiles,
 # a venv under /opt/stallscope); see docs/systemd.md. Not via bootstrap: the

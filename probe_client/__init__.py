@@ -51,7 +51,7 @@ def connect(
     """Start a run: socket_path defaults to $STALLSCOPE_SOCKET, else
     /run/stallscope/probe.sock; gc=True records every collection;
     close_wait_ms bounds close()'s (and exit's) wait for socket space
-    (default $STALLSCOPE_CLOSE_WAIT_MS, else 100; 0 disables).
+    (default $STALLSCOPE_CLOSE_WAIT_MS, else 300; 0 disables).
 
     census=True (default: $STALLSCOPE_CENSUS=1) sends a type histogram of
     the GC-tracked heap at connect (or at `probe.mark("warm")`, or

@@ -262,7 +262,7 @@ class Probe(Transport, GcForensics):
     def close(self):
         """Flush, say goodbye, detach every wrapper and the GC callback.
 
-        Waits at most `close_wait_ms` (default 100 ms, $STALLSCOPE_CLOSE_WAIT_MS,
+        Waits at most `close_wait_ms` (default 300 ms, $STALLSCOPE_CLOSE_WAIT_MS,
         0: no wait) for socket space so the last records and the BYE land."""
         if self._closed:
             return
@@ -300,6 +300,7 @@ class Probe(Transport, GcForensics):
             "sent_records": self.sent_records,
             "drops_full": self.drops_full,
             "drops_disconnected": self.drops_disconnected,
+            "connect_busy": self.connect_busy,
             "errors": self.errors,
             "drops_gc_ring": self.drops_gc_ring,
             "next_seq": self._seq + ((self._pos - _HDR) >> 5) - self._seqless,

@@ -34,7 +34,12 @@ IDLE_FLUSH_S = 0.1  # the background flusher's period
 # 800k-object heap built right after connect() (~1,150 gen-0 passes).
 GC_RING_SLOTS = 4096
 CLOSE_WAIT_ENV = "STALLSCOPE_CLOSE_WAIT_MS"
-CLOSE_WAIT_MS = 100  # default bound on close()'s wait for socket space
+# Default bound on close()'s wait for socket space. It must outlast the
+# daemon's longest pause between reads of a connection (light traffic is
+# gathered for 200 ms, service/server.py LIGHT_ROUND_GAP_S; a test keeps the
+# two in step): at 100 ms a burst that filled the socket right before close()
+# lost its BYE, and with it the report of the tail it dropped.
+CLOSE_WAIT_MS = 300
 # The CPU sampler's thread-state report (_pythreads.py): made by the flusher
 # at most this often, sent only when the thread list changed.
 PYTHREADS_ENV = "STALLSCOPE_PYTHREADS"  # 0/off/no: no report
@@ -151,6 +156,7 @@ class Transport(Connection):
         self._strings_sent = 0  # names already sent on this connection
         self.drops_full = 0  # records lost to a full socket
         self.drops_disconnected = 0  # records lost while no daemon was there
+        self.connect_busy = 0  # connection tries the daemon's full backlog refused
         self.drops_gc_ring = 0  # GC records lost to a full GC ring
         self._gc_ring_told = 0  # drops_gc_ring as last sent in a COUNTERS record
         self._gc_ring_in_buf = -1  # the value in the buffer's COUNTERS record

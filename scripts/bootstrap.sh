@@ -16,6 +16,12 @@
 #                               tracepoint fields, which bcc takes from tracefs,
 #                               so a nearby header version is enough).
 #   /sys/kernel/tracing         tracefs, mounted if it is not.
+#   .venv-pythons/NAME/         the probe client's interpreter matrix (make
+#                               test-pythons, part of make test): a venv
+#                               without pip per interpreter found, pyenv's
+#                               3.10-3.13 and Debian's /usr/bin/python3, with
+#                               the main venv's pytest installed into it, and
+#                               probe_client/_accel built for it in place.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 say() { printf 'bootstrap: %s\n' "$*" >&2; }
@@ -100,6 +106,45 @@ if [ -d /usr/lib/python3/dist-packages/bcc ] && [ ! -e "$site/bcc" ]; then
   ln -s /usr/lib/python3/dist-packages/bcc "$site/bcc"
   say "linked Debian's bcc package into .venv ($site/bcc)"
 fi
+
+# The probe client's tests run on every supported interpreter found here
+# (tests/pythons/, docs/development.md): one small venv each, made once and
+# redone only when the interpreter, pytest or _accel.c change.
+pytest_version=$(.venv/bin/python -c 'import pytest; print(pytest.__version__)')
+accel_hash=$(sha256sum probe_client/_accel.c | cut -c1-16)
+pyenv_root=${PYENV_ROOT:-$(pyenv root 2>/dev/null || echo "$HOME/.pyenv")}
+for interp in "$pyenv_root"/versions/3.1[0-3].*/bin/python3 /usr/bin/python3; do
+  [ -x "$interp" ] || continue
+  case "$interp" in
+    /usr/bin/*) name=debian-python3 ;;
+    *) name=$(basename "$(dirname "$(dirname "$interp")")") ;;
+  esac
+  dir=.venv-pythons/$name
+  want="$("$interp" -c 'import sys; print(sys.version.split()[0])') pytest-$pytest_version accel-$accel_hash"
+  [ "$(cat "$dir/.stallscope-ready" 2>/dev/null || true)" = "$want" ] && continue
+  rm -rf "$dir"
+  if ! "$interp" -m venv --without-pip "$dir" 2>/dev/null; then
+    say "interpreter matrix: $interp cannot make a venv; its client tests will be missing"
+    continue
+  fi
+  if ! .venv/bin/pip --python "$dir/bin/python" install -q --disable-pip-version-check \
+      "pytest==$pytest_version" >/dev/null 2>&1; then
+    say "interpreter matrix: could not install pytest for $interp; its client tests will be missing"
+    continue
+  fi
+  # The C record write for this interpreter, next to the others in
+  # probe_client/ (the file name carries the ABI tag; `stallscope run` then
+  # finds it for engines on this interpreter too). Optional, as in setup.py.
+  read -r inc suffix < <("$interp" -c 'import sysconfig as s; print(s.get_paths()["include"], s.get_config_var("EXT_SUFFIX"))')
+  if [ -f "$inc/Python.h" ] && command -v cc >/dev/null \
+      && cc -shared -fPIC -O2 -I"$inc" probe_client/_accel.c -o "probe_client/_accel$suffix" 2>/dev/null; then
+    accel="C record write built"
+  else
+    accel="no C record write (no compiler or no headers): the Python path"
+  fi
+  echo "$want" > "$dir/.stallscope-ready"
+  say "interpreter matrix: $dir for $interp (pytest $pytest_version; $accel)"
+done
 
 if [ -x scripts/gen_protos.sh ] && [ -d protos ]; then
   scripts/gen_protos.sh --if-stale

@@ -27,7 +27,8 @@
 --     irq         hard/soft IRQ handlers run on the thread's CPU while it
 --                 was current (irq_time), less GC time
 --     steal       hypervisor steal on the thread's CPU, pro-rated
---     page_fault  estimated cost of the step's user page faults
+--     page_fault  time of the step's user page faults, measured in the thread
+--                 (page_faults.cost_ns, pro-rated; docs/kernel-causes.md)
 --     syscall     time inside system calls less the voluntary off-CPU time
 --                 of the step (syscall time while on CPU, estimated)
 --     migration   migrations x migration_cost_ns (50 us)
@@ -426,7 +427,7 @@ SELECT
     irq_ns,               -- IRQ time on the thread's CPU while it ran, ns; NULL outside irq coverage
     steal_ns,             -- hypervisor steal on the thread's CPU, pro-rated, ns; NULL outside steal coverage
     CASE WHEN page_faults_cov THEN coalesce(c_page_faults, 0) END AS page_faults,  -- user page faults (pro-rated); NULL outside coverage
-    page_fault_ns,        -- their estimated cost, ns; NULL outside page_faults coverage
+    page_fault_ns,        -- their time (page_faults.cost_ns, pro-rated), capped by the on-CPU time left, ns; NULL outside page_faults coverage
     syscall_ns,           -- time in system calls while on CPU (estimated), ns; NULL outside syscalls coverage
     CASE WHEN syscalls_cov THEN coalesce(c_syscall_total_ns, 0) END AS syscall_total_ns,  -- time in system calls, on or off CPU, ns
     CASE WHEN syscalls_cov THEN c_top_syscall END AS top_syscall,  -- the syscall with the most time in the step (on or off CPU)

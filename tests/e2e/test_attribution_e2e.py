@@ -35,6 +35,13 @@ def _bcc_ok():
     return os.path.isdir("/sys/kernel/tracing/events/sched")
 
 
+def _raise_priority():
+    try:
+        os.nice(-10)
+    except OSError:
+        pass
+
+
 @pytest.fixture(scope="module")
 def traced_run(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("e2e")
@@ -74,6 +81,11 @@ def traced_run(tmp_path_factory):
             check=True,
             env=env,
             timeout=240,
+            # at nice -10, as helpers/cause_engine.py runs: CPU hogs at nice
+            # 0 on a shared machine then take ~10 % of the engine's CPU, not
+            # half, and far fewer injections are lost to them (the FIFO
+            # injection still preempts at will)
+            preexec_fn=_raise_priority,
         )
     finally:
         rc, _ = daemon.stop()
@@ -88,7 +100,7 @@ def test_injected_causes_are_recovered(traced_run):
     assert len(injected) >= 40, f"only {len(injected)} injections ran"
     rows = daemon.query("""
         SELECT a.start_ns, a.end_ns, a.tid, a.cause, a.gc_ns, a.preempted_ns, a.blocked_ns,
-               a.submit_excess_ns, a.excess_ns
+               a.submit_excess_ns, a.excess_ns, coalesce(a.runq_ns, 0), a.preemptor_comm
         FROM step_attribution a""")
     steps = sorted(rows)
     assert len(steps) > 500
@@ -105,21 +117,36 @@ def test_injected_causes_are_recovered(traced_run):
         truth[step[0]] = CAUSES[inj["cause"]]
 
     predicted = {s[0]: s[3] for s in steps}
-    preempted = {s[0]: s[5] for s in steps}
     # On a loaded machine the engine is also preempted by processes the test
-    # did not start. When that unplanned preemption inside an injected step is
-    # at least half the injected time, preemption is a real competing cause
-    # and the injection is no longer ground truth: such steps are left out of
-    # the score (and counted), never relabelled.
+    # did not start, or waits for a CPU. When that unplanned time inside an
+    # injected step (the daemon's own preemption and run-queue rows; for a
+    # preempt injection, what exceeds the injected 25 ms) is at least half
+    # the injected time, it is a competing cause as large and the injection
+    # is no longer ground truth: such steps are left out of the score
+    # (counted), never relabelled; more than 10 % left out fails the test.
     inject_ns = INJECT_MS * 1_000_000
-    contaminated = {
-        k for k, label in truth.items() if label != "preemption" and preempted[k] >= inject_ns // 2
+    competing = {
+        s[0]: (s[9] + max(0, (s[5] or 0) - inject_ns))
+        if truth.get(s[0]) == "preemption"
+        else (s[9] + (s[5] or 0))
+        for s in steps
     }
+    contaminated = {k for k in truth if competing[k] >= inject_ns // 2}
+    by_start = {s[0]: s for s in steps}
+    # (injected, run-queue ms, preempted ms, first preemptor) of each
+    left = sorted(
+        (truth[k], by_start[k][9] // 10**6, (by_start[k][5] or 0) // 10**6, by_start[k][10])
+        for k in contaminated
+    )
+    assert len(contaminated) <= 0.10 * len(truth), (
+        f"{len(contaminated)} of {len(truth)} injections left out for CPU contention ({left}): "
+        "the machine was too busy to tell the causes"
+    )
     truth = {k: v for k, v in truth.items() if k not in contaminated}
     confusion = Counter((truth[k], predicted[k]) for k in truth)
     report = (
         f"(expected, got) counts: {dict(confusion)}; "
-        f"{len(contaminated)} injected steps left out for unplanned preemption"
+        f"{len(contaminated)} injected steps left out for CPU contention {left}"
     )
     print(report)
     for label in CAUSES.values():

@@ -99,14 +99,41 @@ CHAIN_WANT = (
 
 
 def chain_share(daemon, run):
+    """(good, total, lead_s) for the spinner thread's samples: `good` have the
+    whole a -> b -> c chain with its files and lines. Samples taken before the
+    daemon had applied the process's thread-state report (its first report
+    travels through the client's flusher and the daemon's ingest: up to a
+    second or two on a loaded host) carry no Python frame at all: they are
+    left out of both counts, and `lead_s` says how long that lasted, so a
+    report that never arrives still fails."""
     pid, tid = run["ready"]["pid"], run["spinner"]["tid"]
+    frames = daemon.query(
+        "SELECT st.stack_id, st.depth, f.kind, f.file, f.function, f.line FROM cpu_stacks st "
+        "JOIN cpu_frames f USING (frame_id) WHERE st.stack_id IN "
+        "(SELECT DISTINCT stack_id FROM cpu_samples WHERE pid = ? AND tid = ?) "
+        "ORDER BY st.stack_id, st.depth",
+        [pid, tid],
+    )
+    stack_of = collections.defaultdict(list)
+    for sid, _, kind, file, function, line in frames:
+        stack_of[sid].append((kind, file, function, line))
+    samples = daemon.query(
+        "SELECT ts_ns, stack_id FROM cpu_samples WHERE pid = ? AND tid = ? ORDER BY ts_ns",
+        [pid, tid],
+    )
+    first_py = next(
+        (i for i, (_, sid) in enumerate(samples) if python_frames(stack_of.get(sid, []))), None
+    )
+    if first_py is None:
+        return 0, len(samples), float("inf")
+    lead_s = (samples[first_py][0] - samples[0][0]) / 1e9
     total = good = 0
-    for n, stack in stacks(daemon, pid, tid):
-        total += n
-        py = python_frames(stack)[:3]
+    for _, sid in samples[first_py:]:
+        total += 1
+        py = python_frames(stack_of.get(sid, []))[:3]
         if len(py) == 3 and all(
             f[1] == ENGINE and f[2] == name and f[3] in lines
             for f, (name, lines) in zip(py, CHAIN_WANT, strict=True)
         ):
-            good += n
-    return good, total
+            good += 1
+    return good, total, lead_s

@@ -3,8 +3,9 @@ and a runner of commands under the wrapper."""
 
 import os
 import subprocess
-import sys
 import textwrap
+
+from helpers.daemonproc import DAEMON_PYTHON
 
 TOY_ENGINE = textwrap.dedent(
     """
@@ -34,7 +35,7 @@ def stallscope_run(args, cwd, env=None):
     if env is None:
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     return subprocess.run(
-        [sys.executable, "-m", "stallscope.cli", "run", *args],
+        [DAEMON_PYTHON, "-m", "stallscope.cli", "run", *args],
         cwd=cwd,
         env=env,
         capture_output=True,

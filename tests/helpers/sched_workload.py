@@ -15,6 +15,10 @@ import sys
 import threading
 import time
 
+# imported now, not at the first touch: an import's own page faults (with
+# its work between them) must not share the burst's rows
+import fault_kinds
+
 PR_SET_NAME = 15
 
 
@@ -50,23 +54,10 @@ class Waker:
             os.read(self.r, 1)
 
 
-def touch_pages(n):
-    """First-touch n fresh 4 KiB pages; (t0, t1, minor faults) of this thread."""
-    import mmap
-    import resource
-
-    m = mmap.mmap(-1, n * 4096)
-    if hasattr(mmap, "MADV_NOHUGEPAGE"):
-        m.madvise(mmap.MADV_NOHUGEPAGE)
-    buf = (ctypes.c_char * (n * 4096)).from_buffer(m)
-    f0 = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
-    t0 = time.monotonic_ns()
-    ctypes.memset(buf, 1, n * 4096)
-    t1 = time.monotonic_ns()
-    f1 = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
-    del buf
-    m.close()
-    return t0, t1, f1 - f0
+def touch_pages(kind, size, path=None):
+    """A fault burst of `kind` over `size` bytes (fault_kinds.py): its record,
+    the kernel's fault count and the truth of its fault time included."""
+    return fault_kinds.burst(kind, size, path)
 
 
 def spin_for(seconds):
@@ -119,8 +110,8 @@ def worker():
             waker = waker or Waker()
             waker.wake_me(int(arg[0]))
             reply = str(waker.tid)
-        elif cmd == "touch":
-            reply = json.dumps(touch_pages(int(arg[0])))
+        elif cmd == "touch":  # touch KIND BYTES [FILE]
+            reply = json.dumps(touch_pages(arg[0], int(arg[1]), *arg[2:]))
         elif cmd == "udp":
             # send n datagrams to a socket of our own on loopback: the
             # receive softirq runs on this CPU, in this thread's context

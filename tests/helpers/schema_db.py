@@ -1,9 +1,12 @@
 """A fresh database with this release's schema and views, fast.
 
 `apply_schema` takes ~1 s here, almost all of it creating the views; the
-query tests need hundreds of fresh databases. So the schema is applied once
-per test session into a template file and each caller gets a copy of that
-file (~40 ms). Tests of schema creation itself keep calling `apply_schema`.
+query tests need hundreds of fresh databases, and the suite starts hundreds
+of daemons. So the schema is applied once per test session into a template
+file and each caller gets a copy of that file (~40 ms); a daemon opening a
+copy finds its schema fingerprint current and has nothing to do
+(store/migrations.py). Tests of schema creation itself keep calling
+`apply_schema` on new files.
 """
 
 import atexit
@@ -33,6 +36,11 @@ def _template():
             con.close()
         _STATE.update(dir=folder, template=path)
     return _STATE["template"]
+
+
+def copy_template(path):
+    """Put a copy of the template database at `path` (a new file)."""
+    shutil.copyfile(_template(), path)
 
 
 def fresh_db():

@@ -46,8 +46,11 @@ def test_the_kernel_cause_preambles_are_identical():
 
 @pytest.mark.parametrize("start", HELPERS)
 def test_every_program_has_the_same_helper(start):
-    programs = sorted(PROBES.glob("*_bcc.c"))
-    assert len(programs) >= 4
+    """Every program with one record type and one ring (sched and the kernel
+    causes) defines the helper identically; the CPU sampler, which writes two
+    record types to two rings, has its own emitters."""
+    programs = [p for p in sorted(PROBES.glob("*_bcc.c")) if start in p.read_text()]
+    assert {p.name for p in programs} >= {"sched_bcc.c", *KCAUSE}
     copies = {p.name: helper(p.read_text(), start) for p in programs}
     assert len(set(copies.values())) == 1, {k: v[:80] for k, v in copies.items()}
 

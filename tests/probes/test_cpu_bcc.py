@@ -109,10 +109,13 @@ def test_chain_with_files_and_lines_on_each_interpreter(traced, label):
     pythons.require(dict(pythons.interpreters())[label], f"CPython {label}")
     run = runs[("chain", label)]
     assert run["ready"]["status"] == "ok", run["ready"]
-    good, total = chain_share(daemon, run)
+    good, total, lead_s = chain_share(daemon, run)
     # ~1 kHz while on CPU for CHAIN_S seconds on a shared 2-vCPU host
     assert total >= 0.3 * CHAIN_S * 1000, total
     assert good >= 0.95 * total, (good, total)
+    # the first report: the client's flusher sends it within 1 s, the daemon
+    # applies it at its next decode; 3 s allows a loaded host
+    assert lead_s <= 3.0, lead_s
 
 
 def test_zlib_thread_has_a_libz_native_leaf(traced):
@@ -214,8 +217,8 @@ def test_python_39_is_refused_clearly_and_sampled_natively(traced):
     assert py == 0
     # the scheduling probe kept following it, and the sampler the next process
     assert daemon.scalar("SELECT count(*) FROM offcpu WHERE pid = ?", [pid]) > 0
-    good, total = chain_share(daemon, runs[("chain", "after")])
-    assert total > 300 and good >= 0.95 * total
+    good, total, lead_s = chain_share(daemon, runs[("chain", "after")])
+    assert total > 300 and good >= 0.95 * total and lead_s <= 3.0, (good, total, lead_s)
 
 
 def test_free_threaded_hello_and_inconsistent_reports_are_refused(traced):

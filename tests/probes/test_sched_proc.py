@@ -8,7 +8,6 @@ from stallscope.probes.base import ProbeSettings
 from stallscope.probes.sched_proc import ProcSchedProbe
 
 POLL_HZ = 200.0
-SETTLE_S = 3 / POLL_HZ
 
 
 @pytest.fixture
@@ -39,7 +38,7 @@ def test_contended_thread_totals_match_proc(probe, work):
     work.call("pin 1")
     hog = spawn_hog(1)
     try:
-        w = window(work, "spin 300", probe.drain, settle_s=SETTLE_S)
+        w = window(work, "spin 300", probe.drain, boundary=probe.drain)
     finally:
         hog.kill()
         hog.wait()
@@ -65,7 +64,7 @@ def test_contended_thread_totals_match_proc(probe, work):
 
 def test_affinity_flips_counted(probe, work):
     work.call("pin 0")
-    w = window(work, "flip 20", probe.drain, settle_s=SETTLE_S)
+    w = window(work, "flip 20", probe.drain, boundary=probe.drain)
     mig = probe.sink.table("migrations", work.tid)
     sel = (mig["ts_ns"] > w.t0_ns) & (mig["ts_ns"] - mig["resolution_ns"] < w.t1_ns)
     assert int(mig["events"][sel].sum()) == 20 == w.delta("nr_migrations")

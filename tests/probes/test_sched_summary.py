@@ -63,24 +63,37 @@ def _lost(daemon):
     return daemon.scalar("SELECT coalesce(sum(count), 0) FROM losses WHERE probe = 'sched'")
 
 
-def _step_thread_is_exact(daemon, out):
-    start, end = out["step_start"], out["step_end"]
-    rows = daemon.scalar(
-        "SELECT count(*) FROM offcpu WHERE tid = ? AND start_ns > ? AND start_ns < ? "
-        "AND resolution_ns IS NULL",
-        [out["step_tid"], start["ns_before"], end["ns"]],
+def _rows_between(daemon, tid, lo_ns, hi_ns, exact_only=True):
+    return daemon.scalar(
+        "SELECT count(*) FROM offcpu WHERE tid = ? AND start_ns > ? AND start_ns < ?"
+        + (" AND resolution_ns IS NULL" if exact_only else ""),
+        [tid, lo_ns, hi_ns],
     )
-    _window_matches_kernel(rows, _switches(start, end), _lost(daemon))
+
+
+def _window_matches_kernel(daemon, tid, start, end, exact_only=True):
+    """Every switch the kernel counted between the two /proc reads has a row
+    (or a reported loss), and no more rows than switches are inside them.
+
+    Each reading is bracketed by two clock reads (`ns_before`, `ns`) and the
+    switch counters are read in between: a switch the two counts differ by
+    falls inside the outer window [start.ns_before, end.ns], and a row
+    inside the inner window [start.ns, end.ns_before] is a switch they count.
+    Switches inside a reading itself (reading a task's status can switch it
+    out, and a loaded machine can preempt it there any number of times) are
+    in the outer window only, so no fixed allowance is needed: the bounds
+    are exact."""
+    switches = _switches(start, end)
+    outer = _rows_between(daemon, tid, start["ns_before"], end["ns"], exact_only)
+    inner = _rows_between(daemon, tid, start["ns"], end["ns_before"], exact_only)
+    assert switches <= outer + _lost(daemon), (outer, switches, _lost(daemon))
+    assert inner <= switches, (inner, switches)
+    return outer
+
+
+def _step_thread_is_exact(daemon, out):
+    rows = _window_matches_kernel(daemon, out["step_tid"], out["step_start"], out["step_end"])
     assert rows > 100
-
-
-def _window_matches_kernel(rows, switches, lost):
-    """The rows' window holds the kernel's (it opens before the first /proc
-    read and closes after the last): every switch the kernel counted has a row
-    or a reported loss, and the rows hold at most a few more (switches during
-    the /proc reads themselves, up to two per read of two files)."""
-    assert switches <= rows + lost, (rows, switches, lost)
-    assert rows <= switches + 4, (rows, switches)
 
 
 def test_a_worker_without_spans_is_summarised_and_its_totals_are_exact(tmp_path):
@@ -104,13 +117,18 @@ def test_a_worker_without_spans_is_summarised_and_its_totals_are_exact(tmp_path)
     )
     assert late == 0
     # Every switch-out the kernel counted for the worker, once: exact rows
-    # before it was summarised plus summarised switches after (a few more
-    # after its last reading, on its way out).
+    # before it was summarised plus summarised switches after, and a few
+    # more after its last reading, on its way out, that no count of its own
+    # can see: the exit path can wait for the GIL (the probe's flusher wakes
+    # every 100 ms and may hold it), the joiner's lock and the mm; 10 bounds
+    # those few with room, and the lower bound is exact.
     counted = _switches({"vol": 0, "inv": 0}, out["worker_end"])
     seen = exact + switches
     assert counted <= seen + _lost(daemon) and seen <= counted + 10, (exact, switches, counted)
     assert preemptions <= out["worker_end"]["inv"] + 10
     oncpu_total = out["worker_end"]["oncpu_ns"] - out["worker_start"]["oncpu_ns"]
+    # on-CPU time after its last reading (its exit) is in the summary too:
+    # well under 20 ms of a thread that only sleeps
     assert 0 < oncpu_ns <= oncpu_total + 20_000_000
     assert offcpu_ns > 0
     # Far fewer rows than switches: the point of summarising.
@@ -121,10 +139,7 @@ def test_sched_detail_keeps_every_thread_exact(tmp_path):
     daemon, out = _traced(tmp_path, ["--sched-detail", "--sched-summary-after-ms", "0"], 1.5)
     _step_thread_is_exact(daemon, out)
     assert daemon.scalar("SELECT count(*) FROM sched_summary") == 0
-    start, end = out["worker_start"], out["worker_end"]
-    rows = daemon.scalar(
-        "SELECT count(*) FROM offcpu WHERE tid = ? AND start_ns > ? AND start_ns < ?",
-        [out["worker_tid"], start["ns_before"], end["ns"]],
+    rows = _window_matches_kernel(
+        daemon, out["worker_tid"], out["worker_start"], out["worker_end"], exact_only=False
     )
-    _window_matches_kernel(rows, _switches(start, end), _lost(daemon))
     assert rows > 1000

@@ -12,12 +12,14 @@ built) and on the Python one.
 
 import gc
 import inspect
+import threading
 import time
 import weakref
 
 import pytest
 
 import probe_client
+from helpers.waiting import wait_for
 from stallscope.demo import engine as engine_model
 from stallscope.demo.engine import Ticket
 
@@ -60,6 +62,22 @@ def gc_off():
         gc.enable()
 
 
+@pytest.fixture(scope="module")
+def live_daemon(tmp_path_factory):
+    """One daemon for the module's live-daemon cases: each probe is a run of
+    its own, and these tests look only at the client process (what it
+    allocates, frees and keeps), never at what the daemon stored."""
+    from helpers.daemonproc import DaemonProcess
+
+    d = DaemonProcess(tmp_path_factory.mktemp("gc-rules")).start()
+    yield d
+    assert d.stop()[0] == 0
+
+
+def _flushers():
+    return [t for t in threading.enumerate() if t.name == "stallscope-flush"]
+
+
 @pytest.fixture(
     params=["no-daemon", "live-daemon", "no-daemon/python-write", "live-daemon/python-write"]
 )
@@ -70,22 +88,26 @@ def probe(request, tmp_path, monkeypatch):
         monkeypatch.setenv("STALLSCOPE_PROBE_ACCEL", "python")
     if request.param.startswith("no-daemon"):
         p = probe_client.connect(socket_path=str(tmp_path / "absent.sock"), gc=False)
-        yield p
-        p.close()
-        return
-    from helpers.daemonproc import DaemonProcess
-
-    d = DaemonProcess(tmp_path).start()
-    p = probe_client.connect(socket_path=d.socket, gc=False)
-    assert p.connected
-    # The flusher's thread-state report makes its (few, lasting) objects once,
-    # right after connect: done before any window counts objects per step.
-    deadline = time.monotonic() + 10
-    while p.stats()["pythreads_status"] is None and time.monotonic() < deadline:
-        time.sleep(0.01)
+    else:
+        p = probe_client.connect(
+            socket_path=request.getfixturevalue("live_daemon").socket, gc=False
+        )
+        assert p.connected
+        # The flusher's thread-state report makes its (few, lasting) objects
+        # once, right after connect: done before any window counts objects
+        # per step.
+        assert wait_for(lambda: p.stats()["pythreads_status"] is not None, 10)
     yield p
     p.close()
-    d.stop()
+
+
+@pytest.fixture(autouse=True)
+def no_flusher_left():
+    # The counts these tests compare are process-wide: a closed probe's
+    # flusher thread ends at its next wake (<= 100 ms) and frees its objects
+    # then, which must not fall into the next test's window.
+    yield
+    assert wait_for(lambda: not _flushers(), 5), _flushers()
 
 
 def test_completed_submission_released_without_cyclic_gc(probe, gc_off):

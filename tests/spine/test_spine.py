@@ -349,3 +349,15 @@ def test_query_cli_lists_names_and_reports_bad_sql(daemon):
     bad = subprocess.run(cli + ["selec 1"], capture_output=True, text=True)
     assert bad.returncode == 2 and bad.stderr.startswith("error: Parser Error")
     assert "Traceback" not in bad.stderr
+
+
+def test_close_waits_longer_than_the_daemon_pauses_between_reads():
+    # close() waits for socket space so that the last records and the BYE
+    # land; the daemon, under light traffic, reads a connection only every
+    # LIGHT_ROUND_GAP_S. A wait shorter than that pause (100 ms against 200)
+    # lost the BYE of a client whose last burst filled its socket, and with
+    # it the report of the records it then dropped (stored + lost != made).
+    from probe_client import _transport
+    from stallscope.service import server
+
+    assert _transport.CLOSE_WAIT_MS / 1000 >= server.LIGHT_ROUND_GAP_S + 0.05

@@ -15,8 +15,6 @@ import subprocess
 import sys
 import time
 
-import duckdb
-
 from stallscope.errors import ServiceError
 
 _CLI = "import sys\nfrom stallscope.cli import main\nsys.exit(main(sys.argv[1:]))\n"
@@ -102,6 +100,8 @@ class DaemonChild:
 
     def query(self, sql, params=None):
         """Rows from the database file (the daemon must be stopped: it holds the file)."""
+        import duckdb  # here: the probe client's tests import this module without it
+
         con = duckdb.connect(self.db, read_only=True)
         try:
             return con.execute(sql, params or []).fetchall()

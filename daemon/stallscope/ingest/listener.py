@@ -52,7 +52,19 @@ _U64 = struct.Struct("<Q")
 
 
 class Connection:
-    __slots__ = ("sock", "pid", "uid", "gid", "run", "closing", "hello", "pylayout")
+    __slots__ = (
+        "sock",
+        "pid",
+        "uid",
+        "gid",
+        "run",
+        "closing",
+        "hello",
+        "pylayout",
+        "window_start",
+        "window_datagrams",
+        "rate",
+    )
 
     def __init__(self, sock, pid, uid, gid):
         self.sock = sock
@@ -63,6 +75,32 @@ class Connection:
         self.closing = False
         self.hello = None  # what the HELLO claimed that later datagrams are checked against
         self.pylayout = False  # a PYLAYOUT of this connection was accepted
+        # datagrams a second, over windows of RATE_WINDOW_S (None until one
+        # window is complete: a new connection's rate is not known yet)
+        self.window_start = time.monotonic()
+        self.window_datagrams = 0
+        self.rate = None
+
+    def datagram_rate(self, now):
+        """Its datagrams a second: the larger of the last complete window's
+        and the current one's (once it is a tenth of a window old), or None
+        while no window is complete."""
+        elapsed = now - self.window_start
+        if elapsed >= RATE_WINDOW_S:
+            self.rate = self.window_datagrams / elapsed
+            self.window_start, self.window_datagrams = now, 0
+            return self.rate
+        if self.rate is None:
+            return None
+        if elapsed >= RATE_WINDOW_S / 10:
+            return max(self.rate, self.window_datagrams / elapsed)
+        return self.rate
+
+
+RATE_WINDOW_S = 1.0
+
+
+_WAKE = object()  # the selector key of Ingest's wake-up pipe
 
 
 class Ingest(RunRegistry, RecordDecoder, CensusIngest, PyStateIngest):
@@ -84,8 +122,12 @@ class Ingest(RunRegistry, RecordDecoder, CensusIngest, PyStateIngest):
         on_pylayout=None,
         on_pythreads=None,
         proc_root="/proc",
+        run_defaults=None,
     ):
         self.store = store
+        # runs columns the daemon fills for every new run (how its probes
+        # measure it, e.g. page_fault_method), not the client
+        self.run_defaults = dict(run_defaults or {})
         self.socket_path = socket_path
         self.host = host or socket.gethostname()
         self.allowed_uids = set(allowed_uids) if allowed_uids else None
@@ -132,6 +174,12 @@ class Ingest(RunRegistry, RecordDecoder, CensusIngest, PyStateIngest):
             # removing it at exit would break the next socket activation.
             self.socket_path = None
         self.selector.register(self.listener, selectors.EVENT_READ, None)
+        # wake(): a byte here ends a poll() at once (a stop request; the
+        # select is otherwise resumed after a signal handler, up to its timeout)
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self.selector.register(self._wake_r, selectors.EVENT_READ, _WAKE)
         store.add_flush_hook(self.progress_statements)
 
     # ----- set-up ------------------------------------------------------------
@@ -176,9 +224,34 @@ class Ingest(RunRegistry, RecordDecoder, CensusIngest, PyStateIngest):
         for key, _ in self.selector.select(timeout):
             if key.data is None:
                 self._accept(ACCEPTS_PER_ROUND)
+            elif key.data is _WAKE:
+                try:
+                    os.read(self._wake_r, 4096)
+                except OSError:
+                    pass
             else:
                 self._read(key.data)
         return self.datagrams - before
+
+    def slow_enough(self, gap_s, max_backlog):
+        """Whether every connection is known to send so few datagrams that
+        `gap_s` without a read queues at most `max_backlog` of them on it (a
+        socket holds ~46 datagrams of 4 KiB). A connection of less than a
+        rate window, or one sending faster, says no: the daemon then reads
+        it round after round instead of gathering."""
+        now = time.monotonic()
+        for conn in self.conns.values():
+            rate = conn.datagram_rate(now)
+            if rate is None or rate * gap_s > max_backlog:
+                return False
+        return True
+
+    def wake(self):
+        """End the current poll() now; safe in a signal handler."""
+        try:
+            os.write(self._wake_w, b"w")
+        except OSError:  # full (a wake is pending anyway) or closed
+            pass
 
     def _accept(self, limit=None):
         # Bounded per round like reads: a flood of new connections waits in
@@ -218,6 +291,7 @@ class Ingest(RunRegistry, RecordDecoder, CensusIngest, PyStateIngest):
             if not data:
                 self._close(conn)
                 return
+            conn.window_datagrams += 1
             try:
                 self._datagram(conn, data)
             except Exception:
@@ -430,6 +504,13 @@ class Ingest(RunRegistry, RecordDecoder, CensusIngest, PyStateIngest):
         for conn in list(self.conns.values()):
             self._close(conn)
         self.decode_pending()
+        try:
+            self.selector.unregister(self._wake_r)
+        except (KeyError, ValueError):
+            pass
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+        self._wake_r = self._wake_w = -1
 
     def forget_runs(self, run_ids):
         """Drop what is kept in memory for runs retention deleted (ended runs

@@ -66,6 +66,9 @@ class RunRegistry:
                 cols["connections"].append(1 + conns)
                 cols["ended_ns"].append(ended)
                 new_ids.add(run.run_id)
+            for name, value in self.run_defaults.items():
+                if value is not None:  # absent: NULL
+                    cols[name] = [value] * len(new)
             # client_token is UBIGINT: a token of 2^63 or more (a client's
             # -1 masked to 64 bits) does not fit the int64 pyarrow would infer.
             cols["client_token"] = pa.array(cols["client_token"], type=pa.uint64())

@@ -123,6 +123,12 @@ class ProbeSettings:
     page_faults_flush_ms: float = _key(
         20.0, "a thread's page faults are one row per this much time, ms", minimum=1
     )
+    page_fault_gap_us: float = _key(
+        5000.0,
+        "a page fault's time is its thread's on-CPU time until its next fault when at most "
+        "this long (us); longer ones are priced at the mean of the measured ones",
+        minimum=1,
+    )
     syscalls_flush_ms: float = _key(
         20.0,
         "a thread's short calls of one syscall are one row per this much time, ms",

@@ -5,12 +5,27 @@
 
 // User page faults of one thread in [start_ns, end_ns].
 struct record {
-    u64 start_ns;    // first fault
-    u64 end_ns;      // last fault
+    u64 start_ns;     // first fault
+    u64 end_ns;       // last fault
+    u64 measured_ns;  // summed time of the measured faults (on-CPU, entry to next fault)
     u32 pid;
     u32 tid;
+    u32 count;        // faults
+    u32 measured;     // faults whose time was measured
+};
+
+// One thread's faults since start_ns, and its latest fault while its time
+// is still being measured (open).
+struct fault_agg {
+    u64 start_ns;     // first fault of the interval
+    u64 last_ns;      // latest fault (entry)
+    u64 measured_ns;  // measured faults' summed time
+    u64 open_ns;      // on-CPU time so far of the open fault
+    u64 seg_ns;       // since when the thread is on CPU with it open (0: off CPU)
     u32 count;
-    u32 pad;
+    u32 measured;
+    u32 pid;          // tgid
+    u32 open;         // 1 while the latest fault's time runs
 };
 
 struct counters {

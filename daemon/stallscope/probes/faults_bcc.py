@@ -1,14 +1,20 @@
-"""Page-fault probe (bcc): user page faults of tracked threads, per thread and interval.
+"""Page-fault probe (bcc): user page faults of tracked threads and their time, per thread and interval.
 
-Loads `faults_bcc.c` on `exceptions:page_fault_user`, filtered in the kernel
-to tracked tgids and summed per thread; an aggregate is closed by the kernel
-once it spans `page_faults_flush_ms` and flushed by the reader once idle that
-long, so each `page_faults` row is [first fault, last fault] of one thread
-with their count. The tracepoint has no end event: `cost_ns` is the count
-times a per-fault cost this probe calibrates on the host when it starts
-(first-touching fresh pages in a thread of its own, counted both by the
-program and by the kernel's minor-fault counter), reported in status() and
-the probe_status detail. It must never run Python per fault.
+Loads `faults_bcc.c` on `exceptions:page_fault_user` and `sched:sched_switch`,
+filtered in the kernel to tracked tgids and summed per thread; an aggregate
+is closed by the kernel once it spans `page_faults_flush_ms` and flushed by
+the reader once idle that long, so each `page_faults` row is [first fault,
+last fault] of one thread with their count. The tracepoint has no end
+event, so the time of a fault is measured in the faulting thread as its
+on-CPU time from that fault to its next one, when that is at most
+`page_fault_gap_us` (a burst of first touches is almost all fault time):
+`measured` of a row's `count` faults had their time measured, `measured_ns`
+in all. `cost_ns` adds the others at the mean of the measured faults: of the
+same row, else of the same thread so far, else (a thread none of whose
+faults could be measured yet) the per-fault cost this probe calibrates on
+the host at start; `cost_method` says which. fentry/fexit on the fault
+handler would time each fault exactly; it is refused on hosts like ours
+(EPERM), so there is no such path. It must never run Python per fault.
 """
 
 import ctypes as ct
@@ -27,6 +33,8 @@ log = logging.getLogger(__name__)
 
 CALIB_PAGES = 1024
 CALIB_ROUNDS = 5
+# runs.page_fault_method for runs this probe covers (docs/kernel-causes.md)
+METHOD = "oncpu_to_next_fault"
 
 
 def first_touch_cost(pages=CALIB_PAGES, on_thread=None):
@@ -54,13 +62,18 @@ def first_touch_cost(pages=CALIB_PAGES, on_thread=None):
     return max(cost, 0.0), faults
 
 
+# page_faults.cost_method: how the faults a row could not measure were priced
+COST_METHODS = ("measured", "row_mean", "thread_mean", "calibrated", "none")
+
+
 class BccFaultsProbe(BccTracepointProbe):
     """First-touch and other user page faults of tracked threads."""
 
     name = "page_faults"
     source = "faults_bcc.c"
-    tracepoints = ("exceptions:page_fault_user",)
-    record_fields = ("start_ns", "end_ns", "pid", "tid", "count")
+    tracepoints = ("exceptions:page_fault_user", "sched:sched_switch")
+    record_fields = ("start_ns", "end_ns", "pid", "tid", "count", "measured", "measured_ns")
+    method = METHOD
     loss_reasons = {
         "reserve_failed": "page-fault ring buffer full: fault counts dropped "
         "(raise kernel_ring_pages)",
@@ -74,11 +87,21 @@ class BccFaultsProbe(BccTracepointProbe):
         self.max_tids = int(self.settings.kernel_max_tids)
         self.sweep_s = max(self.poll_s, 0.1)
         self._last_sweep = 0.0
-        self.cost_ns = None  # calibrated ns per fault
+        self.gap_ns = int(self.settings.page_fault_gap_us * 1000)
+        self.cost_ns = None  # calibrated ns per fault: the last fallback
         self.calibration = {}
+        # tid -> [measured ns, measured faults] so far (at most max_tids
+        # threads, the oldest forgotten first)
+        self._thread_means = {}
+        self.faults = {"count": 0, "measured": 0, "measured_ns": 0, "cost_ns": 0}
+        self.faults_by_method = dict.fromkeys(COST_METHODS, 0)
 
     def cflags(self):
-        return [f"-DFLUSH_NS={self.flush_ns}", f"-DMAX_TIDS={self.max_tids}"]
+        return [
+            f"-DFLUSH_NS={self.flush_ns}",
+            f"-DMAX_TIDS={self.max_tids}",
+            f"-DGAP_NS={self.gap_ns}",
+        ]
 
     def _started(self):
         try:
@@ -132,32 +155,88 @@ class BccFaultsProbe(BccTracepointProbe):
 
     def detail(self):
         c = self.calibration
-        if "cost_ns_per_fault" not in c:
-            return f"fault cost not calibrated ({c.get('error', 'not run')}): cost_ns NULL"
-        return (
-            f"cost_ns = count x {c['cost_ns_per_fault']} ns per fault, calibrated at start "
-            f"(median of {c['rounds']} x {c['pages_per_round']} first-touch 4 KiB pages; "
+        fallback = (
+            f"{c['cost_ns_per_fault']} ns per fault, calibrated at start (median of "
+            f"{c['rounds']} x {c['pages_per_round']} first-touch 4 KiB pages in a daemon thread; "
             f"program counted {c['faults_counted']} of the kernel's {c['faults_kernel']})"
+            if "cost_ns_per_fault" in c
+            else f"none ({c.get('error', 'not calibrated')}): cost_ns NULL"
+        )
+        return (
+            f"method {self.method}: a fault's time is its thread's on-CPU time until its next "
+            f"fault when at most {self.gap_ns / 1000:g} us (measured); the others at the mean "
+            "of the measured faults of their row, else of their thread (cost_method); "
+            f"for a thread with none measured yet: {fallback}"
         )
 
     # -- rows ----------------------------------------------------------------------
 
-    def _rows(self, pid, tid, start, end, count):
+    def _price(self, tid, count, measured, measured_ns):
+        """(cost_ns, cost_method) of each row, in order: the measured time
+        plus the unmeasured faults at the mean of the measured ones (row,
+        then thread so far, then the calibration). A Python step per row,
+        never per fault."""
+        n = len(count)
+        cost = [None] * n
+        method = [None] * n
+        means = self._thread_means
+        for i in range(n):
+            t, c, m, m_ns = int(tid[i]), int(count[i]), int(measured[i]), int(measured_ns[i])
+            seen = means.pop(t, None)  # re-inserted: the dict keeps recency order
+            if m:
+                seen = [m_ns, m] if seen is None else [seen[0] + m_ns, seen[1] + m]
+            if seen is not None:
+                means[t] = seen
+                if len(means) > self.max_tids:
+                    del means[next(iter(means))]
+            rest = c - m
+            if rest <= 0:
+                cost[i], method[i] = m_ns, "measured"
+            elif m:
+                cost[i], method[i] = m_ns + round(rest * m_ns / m), "row_mean"
+            elif seen is not None:
+                cost[i], method[i] = round(rest * seen[0] / seen[1]), "thread_mean"
+            elif self.cost_ns is not None:
+                cost[i], method[i] = rest * self.cost_ns, "calibrated"
+            else:
+                method[i] = "none"
+            self.faults_by_method[method[i]] += c
+        return cost, method
+
+    def _rows(self, pid, tid, start, end, count, measured, measured_ns):
         count = np.asarray(count, dtype=np.int64)
-        cost = None if self.cost_ns is None else count * self.cost_ns
+        measured = np.asarray(measured, dtype=np.int64)
+        measured_ns = np.asarray(measured_ns, dtype=np.int64)
+        cost, method = self._price(tid, count, measured, measured_ns)
+        f = self.faults
+        f["count"] += int(count.sum())
+        f["measured"] += int(measured.sum())
+        f["measured_ns"] += int(measured_ns.sum())
+        f["cost_ns"] += sum(c for c in cost if c is not None)
         return {
             "pid": np.asarray(pid, dtype=np.int32),
             "tid": np.asarray(tid, dtype=np.int32),
             "start_ns": np.asarray(start, dtype=np.int64),
             "end_ns": np.asarray(end, dtype=np.int64),
             "count": count.astype(np.int32),
-            "cost_ns": cost if cost is not None else [None] * len(count),
+            "cost_ns": cost,
+            "measured": measured.astype(np.int32),
+            "measured_ns": measured_ns,
+            "cost_method": method,
         }
 
     def _emit(self, recs):
         self._append(
             "page_faults",
-            self._rows(recs["pid"], recs["tid"], recs["start_ns"], recs["end_ns"], recs["count"]),
+            self._rows(
+                recs["pid"],
+                recs["tid"],
+                recs["start_ns"],
+                recs["end_ns"],
+                recs["count"],
+                recs["measured"],
+                recs["measured_ns"],
+            ),
         )
 
     def _sweep(self, now_ns, final=False):
@@ -175,6 +254,8 @@ class BccFaultsProbe(BccTracepointProbe):
                     [v.start_ns for _, v in got],
                     [v.last_ns for _, v in got],
                     [v.count for _, v in got],
+                    [v.measured for _, v in got],
+                    [v.measured_ns for _, v in got],
                 ),
             )
 
@@ -182,4 +263,8 @@ class BccFaultsProbe(BccTracepointProbe):
         out = super().status()
         out["calibration"] = dict(self.calibration)
         out["flush_ms"] = self.flush_ns / 1e6
+        out["method"] = self.method
+        out["gap_us"] = self.gap_ns / 1000
+        out["faults"] = dict(self.faults)
+        out["faults_by_cost_method"] = dict(self.faults_by_method)
         return out

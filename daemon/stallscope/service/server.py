@@ -72,6 +72,14 @@ IDLE_TICK_S = 0.5
 # loop's CPU at 200 steps/s (bench/daemon_footprint.py).
 LIGHT_ROUND_DATAGRAMS = 8
 LIGHT_ROUND_GAP_S = 0.2
+# ... but only while every connection is known to send slowly enough that
+# the gap queues at most this many datagrams on it (a client socket holds
+# ~46 of 4 KiB; ingest measures each connection's rate over 1 s windows). A
+# new connection, or a client flushing 1,000 datagrams a second, is read
+# round after round: a blind 200 ms gather overflowed such a client's
+# socket (counted drops from a well-behaved client) and outlasted close()'s
+# wait for the BYE.
+LIGHT_ROUND_MAX_BACKLOG = 16
 TICK_S = 0.1
 # Threads that registered no role (DuckDB's, Arrow's, gRPC's) are moved to
 # idle priority this often (stallscope.threads.sweep).
@@ -202,6 +210,7 @@ class Daemon:
                 on_pylayout=self._pylayout,
                 on_pythreads=self._pythreads,
                 proc_root=self.settings.proc_root,
+                run_defaults=self._run_defaults(),
             )
         except BaseException:
             # e.g. the socket is in use by another daemon: release the probes
@@ -267,6 +276,11 @@ class Daemon:
         self.watcher = PidWatcher(self)
         for pid in self.extra_pids:
             self._track(pid)
+
+    def _run_defaults(self):
+        """runs columns that say how this daemon's probes measure a run."""
+        methods = [getattr(p, "method", None) for p in self.probes if p.name == "page_faults"]
+        return {"page_fault_method": methods[0] if methods else None}
 
     def _stop_probes(self):
         for probe in self.probes:
@@ -404,6 +418,9 @@ class Daemon:
     # ----- main loop -------------------------------------------------------------
     def stop(self, *_):
         self._stop.set()
+        ingest = getattr(self, "ingest", None)
+        if ingest is not None:
+            ingest.wake()  # the main loop may be in a 0.5 s poll
 
     def run(self):
         self.store.start()
@@ -467,7 +484,11 @@ class Daemon:
             else:
                 due = last_tick + IDLE_TICK_S
             read = self.ingest.poll(min(IDLE_TICK_S, max(0.0, due - now)))
-            if 0 < read < LIGHT_ROUND_DATAGRAMS and not live:
+            if (
+                0 < read < LIGHT_ROUND_DATAGRAMS
+                and not live
+                and self.ingest.slow_enough(LIGHT_ROUND_GAP_S, LIGHT_ROUND_MAX_BACKLOG)
+            ):
                 # Light traffic (a client sends every 20 ms): let a few
                 # datagrams gather instead of waking for each; heavy traffic
                 # is read round after round (the queue holds 128 datagrams).

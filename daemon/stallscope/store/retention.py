@@ -5,8 +5,9 @@ Every `check_interval_s` a thread (1) deletes whole runs older than
 reboots) with their rows in every table that has a `run_id` column, and
 kernel and GPU rows (tables with `ts_ns` or `end_ns` and no `run_id`) older
 than the age limit on the monotonic clock; (2) while the used size exceeds
-`max_db_mb`, deletes the oldest ended runs, doubling the batch each round,
-and kernel/GPU rows older than the oldest run kept (or, when no ended run is
+`max_db_mb`, deletes the oldest ended runs, each round as many as their
+rows' share of the used size says the excess needs (`_trim_to_size`), and
+kernel/GPU rows older than the oldest run kept (or, when no ended run is
 left, the older half of them); then CHECKPOINTs. It never deletes a run
 that is still connected, never holds the writer off longer than one round,
 and never deletes anything when no limit is set. The CPU sampler's stacks
@@ -63,6 +64,10 @@ class Limits:
             f"max_db_mb={self.max_db_mb:g} max_age_days={self.max_age_days:g} "
             f"check_interval_s={self.check_interval_s:g}"
         )
+
+
+def _block_size(cur):
+    return int(cur.execute("SELECT block_size FROM pragma_database_size()").fetchone()[0])
 
 
 def used_bytes(cur, db_path):
@@ -222,24 +227,52 @@ class Retention:
 
     def _trim_to_size(self, cur, run_tables, timed, target_b, done):
         """Delete the oldest ended runs until the used size is under target_b.
-        Space comes back a whole row group at a time, so a round may free
-        nothing: then the batch doubles; once a round frees space, the next
-        batch is sized from the space freed per run, to avoid overshooting."""
-        batch = 1
+
+        Each round deletes the oldest runs whose rows, at the database's
+        bytes per row (used size / rows of every run table, an overestimate
+        per run: the schema and the views count too), make up the excess, at
+        least one. Space comes back a whole row group at a time, and only at
+        a checkpoint no reader's snapshot holds back, so a round may free
+        less than its rows' share: then the next round estimates again from
+        what is still used. But a round that frees less than one block after
+        this check deleted rows enough for its whole excess stops the check:
+        the space is on its way back (the next check measures again), and
+        deleting more runs for it cannot be undone. (Sizing a round from the
+        space the previous one freed failed that way: a round that freed
+        almost nothing made one run look a few KiB large, and the next round
+        deleted every run.)"""
+        rows = self._run_rows(cur, run_tables)
+        used = used_bytes(cur, self.store.path)
+        total_rows = sum(rows.values())
+        per_row = used / total_rows if total_rows else 0.0
+        first_excess = used - target_b
+        deleted_rows = 0
         for _ in range(64):
-            used = used_bytes(cur, self.store.path)
             if used <= target_b:
                 return
+            excess = used - target_b
             ended = [
                 r[0]
                 for r in cur.execute(
-                    "SELECT run_id FROM runs WHERE ended_ns IS NOT NULL ORDER BY run_id LIMIT ?",
-                    [batch],
+                    "SELECT run_id FROM runs WHERE ended_ns IS NOT NULL ORDER BY run_id"
                 ).fetchall()
             ]
+            batch, share = [], 0.0
+            for run_id in ended:
+                batch.append(run_id)
+                share += rows.get(run_id, 0) * per_row
+                if share >= excess:
+                    break
+            log.info(
+                "retention: %.2f MiB used, target %.2f MiB: deleting runs %s",
+                used / 2**20,
+                target_b / 2**20,
+                batch,
+            )
             progressed = False
-            if ended:
-                progressed |= self._delete_runs(cur, ended, run_tables, done)
+            if batch:
+                progressed |= self._delete_runs(cur, batch, run_tables, done)
+                deleted_rows += sum(rows.pop(r, 0) for r in batch)
                 oldest_kept = cur.execute("SELECT min(connected_ns) FROM runs").fetchone()[0]
                 if oldest_kept is not None:
                     progressed |= self._trim_timed(cur, timed, oldest_kept, done)
@@ -257,16 +290,26 @@ class Retention:
                     target_b / SIZE_TARGET_FRACTION / 2**20,
                 )
                 return
-            freed = used - used_bytes(cur, self.store.path)
-            if freed > 0 and ended:
-                per_run = freed / len(ended)
-                excess = used - freed - target_b
-                # Half of the estimate: one run's freed space is a noisy
-                # measure (row groups free in steps), and deleting too much
-                # cannot be undone, while one more round is cheap.
-                batch = max(1, int(-(-excess // per_run)) // 2)
-            else:
-                batch *= 2
+            before, used = used, used_bytes(cur, self.store.path)
+            if before - used < _block_size(cur) and deleted_rows * per_row >= first_excess:
+                log.info(
+                    "retention: deleted rows enough for %.2f MiB, %.2f MiB freed so far; "
+                    "the rest comes back at a later checkpoint",
+                    first_excess / 2**20,
+                    (done["before_bytes"] or before) / 2**20 - used / 2**20,
+                )
+                return
+
+    @staticmethod
+    def _run_rows(cur, run_tables):
+        """{run_id: its rows in every run table}."""
+        rows = {}
+        for table in run_tables:
+            for run_id, n in cur.execute(
+                f'SELECT run_id, count(*) FROM "{table}" GROUP BY run_id'
+            ).fetchall():
+                rows[run_id] = rows.get(run_id, 0) + n
+        return rows
 
     def _delete_runs(self, cur, run_ids, run_tables, done):
         if not run_ids:

@@ -37,15 +37,16 @@ CREATE TABLE IF NOT EXISTS syscalls (
 );
 
 -- User page faults of tracked threads, summed in the kernel per thread and
--- interval. The tracepoint has no end event: cost_ns is count x the per-fault
--- cost the daemon calibrated on this host (see probe_status detail).
+-- interval. The tracepoint has no end event: cost_ns is their time measured in
+-- the faulting thread (146_page_fault_time.sql; before it, count x a per-fault
+-- cost the daemon calibrated at start).
 CREATE TABLE IF NOT EXISTS page_faults (
     pid      INTEGER,
     tid      INTEGER,
     start_ns BIGINT,     -- interval the faults fell in
     end_ns   BIGINT,
     count    INTEGER,    -- faults in the interval
-    cost_ns  BIGINT      -- estimated time, ns
+    cost_ns  BIGINT      -- their time, ns (measured and estimated: cost_method)
 );
 
 -- Hard and soft IRQ time taken from a tracked thread while it was on a CPU
