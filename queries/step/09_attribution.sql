@@ -28,7 +28,8 @@
 --                 was current (irq_time), less GC time
 --     steal       hypervisor steal on the thread's CPU, pro-rated
 --     page_fault  time of the step's user page faults, measured in the thread
---                 (page_faults.cost_ns, pro-rated; docs/kernel-causes.md)
+--                 (page_faults.cost_ns, pro-rated; docs/kernel-causes.md);
+--                 under the CPU sampler at most what its kernel-mode samples allow
 --     syscall     time inside system calls less the voluntary off-CPU time
 --                 of the step (syscall time while on CPU, estimated)
 --     migration   migrations x migration_cost_ns (50 us)
@@ -178,7 +179,16 @@ cov_run AS (   -- which probes ever covered each run
                  - coalesce(throttled_ns, 0) - coalesce(preempted_ns, 0) - coalesce(blocked_ns, 0)) AS room_ns,
         CASE WHEN irq_cov THEN coalesce(irq_raw_ns, 0) END AS irq_raw,
         CASE WHEN steal_cov THEN coalesce(c_steal_ns, 0) END AS steal_raw,
-        CASE WHEN page_faults_cov THEN coalesce(page_fault_raw_ns, 0) END AS page_fault_raw,
+        -- a fault's measured time runs to the thread's next fault, so user work
+        -- between faults counts too (a C call that allocates as it goes, such
+        -- as zlib.compress, would be all page_fault): where the CPU sampler
+        -- covered the step, capped by its kernel-mode samples' 99 % upper
+        -- bound (k + 3 sqrt(k) + 3 samples), the time it can have spent in the kernel
+        CASE WHEN page_faults_cov THEN
+            CASE WHEN cpu_cov THEN least(coalesce(page_fault_raw_ns, 0),
+                                         round((cpu_kernel_n + 3 * sqrt(cpu_kernel_n) + 3) * period_ns)::BIGINT)
+                 ELSE coalesce(page_fault_raw_ns, 0) END
+        END AS page_fault_raw,
         CASE WHEN syscalls_cov THEN   -- time in syscalls less the voluntary off-CPU time
             greatest(0, coalesce(c_syscall_total_ns, 0) - coalesce(blocked_raw_ns, 0)) END AS syscall_raw,
         migrations * migration_cost_ns AS migration_raw
