@@ -59,6 +59,12 @@ def test_kernel_samples_are_never_code(cpu):
     assert r["cpu_kernel_samples"] == 2 and r["cpu_samples"] == 15
 
 
+def test_page_fault_time_is_capped_by_the_kernel_mode_samples(cpu):
+    r = step(cpu, 2020)  # 12 ms measured, 0 kernel-mode samples: at most 3 samples' time
+    assert r["page_faults"] == 400 and r["page_fault_ns"] == 3 * MS
+    assert r["cause"] == "code"
+
+
 def test_code_inside_submit_is_not_counted_twice(cpu):
     r = step(cpu, 2000)  # the rebuild ran inside a submit call 4 ms over its baseline
     assert r["submit_excess_ns"] == 4 * MS and r["submit_host_ns"] == 0
