@@ -224,9 +224,10 @@ cov_run AS (   -- which probes ever covered each run
         LEFT JOIN pn ON pn.run_id = rs.run_id AND pn.gkey = rs.gkey AND pn.node = n.node
     ) x
 ), cd AS (     -- per slow step: its largest significant localized excess (samples), and
-               -- whether one holds half its excess
+               -- whether there is one at all (then the step did other work, not the
+               -- same work slower: never cpu_slow; the power below is this test's)
     SELECT run_id, tid, step_idx, max(loc) FILTER (sig) AS max_loc,
-           coalesce(bool_or(sig AND loc * period_ns >= 0.5 * excess_ns), false) AS found
+           coalesce(bool_or(sig), false) AS found
     FROM sv GROUP BY run_id, tid, step_idx
 ), cf AS (     -- the deepest significant node holding at least half of it (ties: the larger)
     SELECT sv.run_id, sv.tid, sv.step_idx,
@@ -292,10 +293,9 @@ cov_run AS (   -- which probes ever covered each run
            any_value(m0.code_z) AS code_z
     FROM m0 WHERE m0.open AND m0.cpu_cov AND m0.group_steps >= m0.baseline_min_steps
     GROUP BY m0.run_id, m0.gkey
-), popf AS (   -- whether a node holds half the population's excess, significantly
+), popf AS (   -- whether a node holds a localized excess of the population, significantly
     SELECT x.run_id, x.gkey,
            bool_or(CASE WHEN x.n - pop.n_pop * x.share >= 1
-                             AND (x.n - pop.n_pop * x.share) * pop.period_ns >= 0.5 * pop.excess_pop
                         THEN _cpu_excess_significant(x.n, pop.n_pop, x.share, pop.code_z) ELSE false END) AS found
     FROM (SELECT sv.run_id, sv.gkey, sv.node, sum(sv.samples) AS n, any_value(sv.share) AS share
           FROM sv JOIN m0 ON m0.run_id = sv.run_id AND m0.tid = sv.tid AND m0.step_idx = sv.step_idx
@@ -457,7 +457,7 @@ SELECT
     cpu_kernel_n AS cpu_kernel_samples,  -- CPU samples taken in kernel mode (never code)
     cpu_slow_ns,          -- slow steps: the on-CPU time above the group's normal share when the cpu_slow test passed (else 0), capped by the on-CPU time left, ns; NULL for other steps and outside CPU-sampler coverage
     cpu_slow_evidence,    -- open slow steps: the evidence that the CPU gave less ('other_task', 'steal', 'band'); NULL: none
-    cpu_slow_test,        -- open slow steps (no earlier component names them): 'cpu_slow', or why not: 'few_samples' (no test with cpu_slow_power), 'localized_excess' (a frame holds half the excess), 'no_evidence'
+    cpu_slow_test,        -- open slow steps (no earlier component names them): 'cpu_slow', or why not: 'few_samples' (no test with cpu_slow_power), 'localized_excess' (a frame's share grew significantly: other work, not the same work slower), 'no_evidence'
     greatest(power_step, power_pop) AS cpu_slow_power,  -- open slow steps: the chance (0..1) the samples had of finding a localized excess of half the excess (the step's, or its group's open slow steps')
     CASE WHEN open THEN c_other_task_ns END AS other_task_ns,  -- open slow steps: run time of other processes on the thread's CPU right before its switch-ins in or just before the step, ns; NULL: none seen
     CASE WHEN open THEN c_other_task.pid END AS other_task_pid,    -- the one that ran longest: its tgid
