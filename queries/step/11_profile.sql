@@ -103,7 +103,8 @@ SELECT * FROM _step_cpu_of(true);
 -- The nodes of every stack, outermost first. level: 0 = the outermost
 -- frame; node: a 64-bit key of the path from it (the sum of a hash of each
 -- (level, function) on the path); py_frame_id: the innermost Python frame
--- at or above the node (what calls a native node).
+-- at or above the node (what calls a native node); parent: the node one
+-- level up (NULL at level 0).
 CREATE OR REPLACE VIEW _cpu_stack_node AS
 WITH f AS (
     SELECT st.stack_id, st.depth, st.frame_id, fr.kind, fr.file, fr.function,
@@ -119,13 +120,15 @@ WITH f AS (
 ), o AS (
     SELECT e.*, row_number() OVER (PARTITION BY stack_id ORDER BY depth DESC, sub) - 1 AS level
     FROM e
+), k AS (
+    SELECT stack_id, level, frame_id, node_kind,
+        (sum(hash(level, node_kind, file, function))
+            OVER (PARTITION BY stack_id ORDER BY level ROWS UNBOUNDED PRECEDING) % 18446744073709551616)::UBIGINT AS node,
+        last_value(CASE WHEN node_kind = 'py' THEN frame_id END IGNORE NULLS)
+            OVER (PARTITION BY stack_id ORDER BY level ROWS UNBOUNDED PRECEDING) AS py_frame_id
+    FROM o
 )
-SELECT stack_id, level, frame_id, node_kind,
-    (sum(hash(level, node_kind, file, function))
-        OVER (PARTITION BY stack_id ORDER BY level ROWS UNBOUNDED PRECEDING) % 18446744073709551616)::UBIGINT AS node,
-    last_value(CASE WHEN node_kind = 'py' THEN frame_id END IGNORE NULLS)
-        OVER (PARTITION BY stack_id ORDER BY level ROWS UNBOUNDED PRECEDING) AS py_frame_id
-FROM o;
+SELECT k.*, lag(node) OVER (PARTITION BY stack_id ORDER BY level) AS parent FROM k;
 
 -- Per step and node of its profile: the samples through it, and the frame
 -- (the line) and calling Python frame with the most of them (ties: the
@@ -136,13 +139,13 @@ WITH h AS (
     FROM _step_cpu WHERE cpu_stack_counts IS NOT NULL
 ), byframe AS (
     SELECT h.run_id, h.tid, h.step_idx, n.node, n.frame_id, n.py_frame_id,
-           min(n.level) AS level, any_value(n.node_kind) AS node_kind,
+           min(n.level) AS level, any_value(n.node_kind) AS node_kind, any_value(n.parent) AS parent,
            sum(h.n) AS n, sum(h.n_submit) AS n_submit
     FROM h JOIN _cpu_stack_node n ON n.stack_id = h.stack_id
     GROUP BY ALL
 )
 SELECT run_id, tid, step_idx, node, min(level) AS level, any_value(node_kind) AS node_kind,
-       arg_max(frame_id, (n, -frame_id)) AS frame_id, arg_max(py_frame_id, (n, -frame_id)) AS py_frame_id,
+       any_value(parent) AS parent, arg_max(frame_id, (n, -frame_id)) AS frame_id, arg_max(py_frame_id, (n, -frame_id)) AS py_frame_id,
        sum(n)::BIGINT AS samples, sum(n_submit)::BIGINT AS samples_in_submit
 FROM byframe
 GROUP BY run_id, tid, step_idx, node;
@@ -256,6 +259,62 @@ SELECT
     CASE WHEN NOT usable THEN NULL WHEN samples - cpu_samples * share >= 1
         THEN _cpu_excess_significant(samples, cpu_samples, share, code_z) ELSE false END AS significant,  -- the localized excess passes the test at step_code_z
     x.samples_in_submit   -- of the samples, those inside the step's submit calls
+FROM x
+LEFT JOIN (SELECT frame_id AS f1_id, function, file, line FROM cpu_frames) f1 ON f1.f1_id = x.frame_id
+LEFT JOIN (SELECT frame_id AS f2_id, function, file, line FROM cpu_frames) f2 ON f2.f2_id = x.py_frame_id;
+
+
+-- The differential profile of each baseline group (step_attribution.
+-- baseline_group: a busy bucket): per node, the samples of its slow steps
+-- against those of its normal steps (non-idle, not slow), for the frames
+-- whose share grows in slow steps. excess_ns: the slow steps' samples there
+-- beyond the normal share of their samples, x the sampling period; z: the
+-- two-proportion z-score of the growth (its confidence: 3.1 is one-sided
+-- level 0.001). The report's top-frames table and differential flame graph
+-- read it.
+CREATE OR REPLACE VIEW step_profile_diff AS
+WITH a AS MATERIALIZED (
+    SELECT run_id, tid, step_idx, baseline_group, slow, cpu_samples, cpu_sample_period_ns AS period_ns
+    FROM step_attribution
+    WHERE cpu_samples IS NOT NULL AND NOT idle AND baseline_ns > 0
+), tot AS (
+    SELECT run_id, baseline_group, any_value(period_ns) AS period_ns,
+           count(*) FILTER (slow) AS slow_steps, count(*) FILTER (NOT slow) AS normal_steps,
+           coalesce(sum(cpu_samples) FILTER (slow), 0) AS slow_total,
+           coalesce(sum(cpu_samples) FILTER (NOT slow), 0) AS normal_total
+    FROM a GROUP BY ALL
+), n AS (
+    SELECT a.run_id, a.baseline_group, c.node, min(c.level) AS level, any_value(c.parent) AS parent,
+           any_value(c.node_kind) AS node_kind,
+           arg_max(c.frame_id, c.samples) AS frame_id, arg_max(c.py_frame_id, c.samples) AS py_frame_id,
+           coalesce(sum(c.samples) FILTER (a.slow), 0) AS slow_samples,
+           coalesce(sum(c.samples) FILTER (NOT a.slow), 0) AS normal_samples
+    FROM a JOIN _step_cpu_node c USING (run_id, tid, step_idx)
+    GROUP BY ALL
+), x AS (
+    SELECT n.*, t.slow_steps, t.normal_steps, t.slow_total, t.normal_total, t.period_ns,
+           n.slow_samples / nullif(t.slow_total, 0) AS slow_share,
+           n.normal_samples / nullif(t.normal_total, 0) AS normal_share,
+           (n.slow_samples + n.normal_samples) / nullif(t.slow_total + t.normal_total, 0) AS pooled
+    FROM n JOIN tot t USING (run_id, baseline_group)
+)
+SELECT
+    run_id,               -- run
+    baseline_group,       -- the group (step_attribution.baseline_group)
+    slow_steps,           -- its slow steps the CPU sampler covered
+    normal_steps,         -- its normal steps the CPU sampler covered
+    node,                 -- the node (as step_profile.node)
+    parent,               -- the node one level up (NULL at level 0)
+    level,                -- its depth (0 = the outermost frame)
+    _cpu_node_label(x.node_kind, f1.function, f1.file, f1.line, f2.function, f2.file, f2.line) AS frame,  -- its name
+    slow_samples,         -- the slow steps' samples through it
+    normal_samples,       -- the normal steps' samples through it
+    round(slow_share, 6) AS slow_share,      -- its share of the slow steps' samples, 0..1
+    round(normal_share, 6) AS normal_share,  -- its share of the normal steps' samples, 0..1
+    round((slow_samples - slow_total * coalesce(normal_share, 0)) * period_ns)::BIGINT AS excess_ns,  -- the slow steps' samples beyond the normal share, x the period, ns
+    round(CASE WHEN pooled > 0 AND pooled < 1 AND slow_total > 0 AND normal_total > 0 THEN
+        (slow_share - normal_share) / sqrt(pooled * (1 - pooled) * (1.0 / slow_total + 1.0 / normal_total))
+    END, 3) AS z        -- two-proportion z-score of the growth (NULL without both kinds of step)
 FROM x
 LEFT JOIN (SELECT frame_id AS f1_id, function, file, line FROM cpu_frames) f1 ON f1.f1_id = x.frame_id
 LEFT JOIN (SELECT frame_id AS f2_id, function, file, line FROM cpu_frames) f2 ON f2.f2_id = x.py_frame_id;
