@@ -123,3 +123,49 @@ def test_a_uniformly_slower_step_has_no_localized_excess(cpu):
     assert prof and not any(p["significant"] for p in prof)
     work = [p for p in prof if p["frame"].startswith("Engine.work")]
     assert work[0]["excess_ns"] == 8 * MS and abs(work[0]["localized_ns"]) < 0.1 * MS
+
+
+def test_the_report_names_frames_evidence_and_why_unexplained(cpu, tmp_path):
+    from stallscope.analysis.report import build_report
+
+    text = build_report(cpu, out_dir=str(tmp_path))
+    part = text[text.index("== On CPU") :]
+    assert "Index.rebuild (index.py:40)" in part and "libz.so.1:deflate_slow" in part
+    assert "`cpu_slow` steps: 7 (evidence: band 7, other_task 1, steal 1" in part
+    # u8 (no evidence), the prefill step and thread 12's steps (too few samples)
+    assert "tested, no evidence the CPU gave less 1" in part
+    assert "too few samples to test 16" in part
+    # the decode group's growing frames, largest excess first; Engine.work shrank: not listed
+    table = part[part.index("group s:decode|b4") :]
+    assert (
+        table.index("Engine.schedule") < table.index("Index.rebuild") and "Engine.work" not in table
+    )
+    flames = sorted(p.name for p in tmp_path.glob("*flame*.png"))
+    assert flames == ["run_1_flame_s_decode_b4.png", "run_1_flame_s_prefill_b1.png"]
+    assert all((tmp_path / f).stat().st_size > 5000 for f in flames)
+
+
+def test_perfetto_slow_step_slices_carry_the_code_frame(cpu, tmp_path):
+    from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pt
+
+    from stallscope.analysis.access import FileSource
+    from stallscope.export.perfetto import write_trace
+
+    class Source(FileSource):  # the fixture's connection, as the CLI's file source reads one
+        def __init__(self, con):
+            self.con = con
+
+    write_trace(Source(cpu), tmp_path / "t.pftrace")
+    trace = pt.Trace()
+    trace.ParseFromString((tmp_path / "t.pftrace").read_bytes())
+    named = {}
+    for p in trace.packet:
+        if p.HasField("track_event") and p.track_event.name.startswith("step (slow"):
+            a = {d.name: d for d in p.track_event.debug_annotations}
+            named[p.timestamp] = (
+                p.track_event.name,
+                a["code_frame"].string_value if "code_frame" in a else None,
+                a["cpu_slow_evidence"].string_value if "cpu_slow_evidence" in a else None,
+            )
+    assert named[2000 * MS] == ("step (slow: code)", "Index.rebuild (index.py:40)", None)
+    assert named[3000 * MS] == ("step (slow: cpu_slow)", None, "other_task,band")
