@@ -195,6 +195,7 @@ class Connection:
             "census": self._census is not None,
             "gc_knobs": self._gc_knobs,
             "pythreads": self._pythreads_on,  # sends PYLAYOUT / PYTHREADS (wire v3)
+            "hang_threshold_ms": _hang_threshold_ms(),  # the run's own hang threshold
         }
         data = json.dumps(info, separators=(",", ":")).encode()[: wire.HELLO_MAX]
         return bytes(self._header(wire.DGRAM_HELLO, 0, now_mono)) + data
@@ -208,3 +209,16 @@ class Connection:
                 sock.close()
             except OSError:
                 pass
+
+
+HANG_THRESHOLD_ENV = "STALLSCOPE_RUN_HANG_THRESHOLD_MS"
+
+
+def _hang_threshold_ms():
+    """This run's hang threshold from the environment (ms), None when unset or
+    not a number (the daemon's threshold applies; it bounds the value)."""
+    text = os.environ.get(HANG_THRESHOLD_ENV)
+    try:
+        return float(text) if text else None
+    except ValueError:
+        return None

@@ -132,6 +132,7 @@ class RunRegistry:
                 change[1] = None  # connected again: not ended
             run.connected = True
             run.last_sent_ns = sent_ns
+            run.hang_threshold_ns = _hang_threshold_ns(info.get("hang_threshold_ms"))
             conn.run = run
             conn.hello = {"python": info.get("python"), "free_threaded": info.get("free_threaded")}
             self.runs[run.run_id] = run
@@ -300,3 +301,20 @@ def _knobs(info):
         threshold = None
     census = info.get("census")
     return freeze, threshold, census if isinstance(census, bool) else None
+
+
+# A client's own hang threshold (docs/hang.md) is kept within these bounds:
+# below 100 ms a busy engine's ordinary pauses would be hangs; above a day it
+# means "never".
+HANG_THRESHOLD_MIN_NS = 100_000_000
+HANG_THRESHOLD_MAX_NS = 86_400_000_000_000
+
+
+def _hang_threshold_ns(value):
+    """The HELLO's hang_threshold_ms as ns within bounds; 0 when absent or bad."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        return 0
+    ns = value * 1e6
+    if ns != ns or ns == float("inf"):
+        return 0
+    return int(min(max(ns, HANG_THRESHOLD_MIN_NS), HANG_THRESHOLD_MAX_NS))
