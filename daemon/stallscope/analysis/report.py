@@ -2,12 +2,13 @@
 
 `build_report(con, out_dir=None, run_ids=None)` returns the text (per-run
 table, the generation-2 table, the heap growers and GC advice, the slow-step
-breakdown by cause, the top preemptors and wakers per run, the run groups:
-each engine's processes, their roles and the cross-process causes of slow
-steps) and, when
+breakdown by cause, the on-CPU part (analysis/oncpu.py), the top
+preemptors and wakers per run, the run groups: each engine's processes,
+their roles and the cross-process causes of slow steps) and, when
 `out_dir` is given, writes PNG figures there in the seed's manner: every
-step of each run over time with slow steps coloured by cause, and a +-1 s
-zoom around generation-2 passes (a budget per run, longest passes first).
+step of each run over time with slow steps coloured by cause, a +-1 s
+zoom around generation-2 passes (a budget per run, longest passes first),
+and differential flame graphs.
 It only reads, so it works on a read-only connection or one the daemon lends.
 """
 
@@ -16,6 +17,7 @@ import os
 from stallscope.analysis.coverage import coverage_section
 from stallscope.analysis.formatting import format_table
 from stallscope.analysis.gc_forensics import gc_section
+from stallscope.analysis.oncpu import flame_figures, oncpu_section
 from stallscope.vocab import rules
 
 MAX_ZOOM_FIGURES = 24  # zooms in all, shared out per run (at least one each), longest passes first
@@ -209,20 +211,8 @@ def _slow_section(con, where):
                 *(counts[i] for i in shown),
             )
         )
-    text += format_table(
-        [
-            "stage",
-            "batch",
-            "steps",
-            "slow",
-            "slow %",
-            "excess ms",
-            "in submit %",
-            "top cause",
-            *(CAUSES[i] for i in shown),
-        ],
-        table,
-    )
+    head = ["stage", "batch", "steps", "slow", "slow %", "excess ms", "in submit %", "top cause"]
+    text += format_table([*head, *(CAUSES[i] for i in shown)], table)
     prefill_stage = con.execute("SELECT prefill_stage FROM step_params").fetchone()[0]
     non_prefill = [r for r in rows if r[0] != prefill_stage]
     steps = sum(r[2] for r in non_prefill)
@@ -351,8 +341,10 @@ CAUSE_COLOURS = {
     "page_fault": "teal",
     "syscall": "lime",
     "migration": "sienna",
+    "code": "orangered",
     "submit": "tab:green",
     "gpu_clock": "magenta",
+    "cpu_slow": "darkgoldenrod",
     "uncovered": "0.45",
     "unexplained": "black",
 }
@@ -503,14 +495,15 @@ def build_report(con, out_dir=None, run_ids=None):
         _gen2_section(con, where),
         gc_section(con, where),
         _slow_section(con, where),
+        oncpu_section(con, where),
         _who_section(con, where),
         _group_section(con, where),
         coverage_section(con, where),
     ]
     if out_dir is not None:
-        paths = _figures(con, where, out_dir)
+        paths = _figures(con, where, out_dir) + flame_figures(con, where, out_dir)
         parts.append(
             "== Figures ==\n"
             + ("".join(p + "\n" for p in paths) if paths else "(no steps to plot)\n")
         )
-    return "\n".join(parts)
+    return "\n".join(p for p in parts if p)
