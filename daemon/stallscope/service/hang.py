@@ -33,6 +33,9 @@ from stallscope.vocab.log_channels import log_channel
 log = logging.getLogger(log_channel(__name__))
 
 TICK_S = 0.2
+# With no run watched (no step seen yet), a tick is due this rarely: an idle
+# daemon wakes only a few times a second (tests/store/test_footprint.py).
+IDLE_TICK_S = 1.0
 # Columns of a `hang_events` row that are numbers, 0 when unknown.
 EVENT_NUMBERS = "run_id pid dump_id detected_ns threshold_ns last_step_end_ns recovered_ns".split()
 # A sampler stack younger than this stands for a thread found running.
@@ -119,7 +122,7 @@ class HangWatchdog:
     # ----- the tick ------------------------------------------------------------------------------
     def _loop(self):
         threads.paced("hang-watchdog")  # a hung engine may hold every CPU but ours
-        while not self._stop.wait(TICK_S):
+        while not self._stop.wait(TICK_S if self.detector.runs else IDLE_TICK_S):
             try:
                 self.tick(time.monotonic_ns())
             except Exception:
