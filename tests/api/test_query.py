@@ -163,6 +163,12 @@ def test_plain_reads_and_explain_still_work(qd):
         "SELECT count(*) FROM spans s JOIN runs r USING (run_id) WHERE s.batch >= ?", [0]
     )
     assert rows == [(N_STEPS,)]
+    # A recursive CTE reads itself, not a file (step_attribution's peer chain is one)
+    _, rows = qd.client.query(
+        "WITH RECURSIVE t(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM t WHERE n < 4) "
+        "SELECT sum(n) FROM t"
+    )
+    assert rows == [(10,)]
 
 
 def test_syntax_error_is_invalid_argument_with_database_message(qd):

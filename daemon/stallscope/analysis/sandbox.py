@@ -56,6 +56,7 @@ _OWN_SCANS = {
     "EXPRESSION_SCAN",
     "POSITIONAL_SCAN",
     "RECURSIVE_CTE_SCAN",
+    "REC_CTE_SCAN",  # DuckDB 2: a recursive CTE reading itself (the peer chain)
     "ARROW_SCAN",
 }
 _EXPLAIN_PREFIX = re.compile(r"^\s*EXPLAIN\s+", re.IGNORECASE)
