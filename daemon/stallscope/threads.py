@@ -246,6 +246,17 @@ def boost(tid=None):
     return True
 
 
+def boost_all():
+    """Raise every registered thread that can be raised (stopping: systemd's
+    stop timeout and clients' tails bound it, and a writer or an export at
+    idle priority on busy CPUs would not finish in time). Returns how many
+    run raised now."""
+    alive = set(_task_ids())
+    with _lock:
+        tids = [t for t, info in _threads.items() if t in alive and not info["boosted"]]
+    return sum(boost(tid) for tid in tids)
+
+
 def unboost(tid=None):
     """Back to idle priority after `boost()`."""
     tid = tid or _tid()

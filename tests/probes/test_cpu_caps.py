@@ -51,6 +51,16 @@ class CapsDaemon(DaemonProcess):
         cmd = [PYTHON, "-c", boot, "daemon", *self.daemon_args()]
         return ["capsh", *CAPS, "--", "-c", "exec " + shlex.join(cmd)]
 
+    def start(self, wait=True, timeout_s=30):
+        # The session's template database, copied in by root, belongs to the
+        # daemon's uid, as an installed daemon owns its database.
+        from helpers.schema_db import copy_template
+
+        if not os.path.exists(self.db):
+            copy_template(self.db)
+            os.chown(self.db, NOBODY, NOBODY)
+        return super().start(wait=wait, timeout_s=timeout_s)
+
 
 def _engine(sock, python, as_nobody):
     def nobody(cmd):

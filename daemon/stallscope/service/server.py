@@ -557,8 +557,8 @@ class Daemon:
 
     def shutdown(self):
         # Stopping is bounded in time (systemd's stop timeout, clients'
-        # tails): the main loop leaves idle priority for it.
-        threads.boost()
+        # tails): every thread leaves idle priority for it.
+        threads.boost_all()
         if self.notify:
             self.notify.stopping()
         t0 = time.monotonic()

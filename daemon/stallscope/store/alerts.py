@@ -198,7 +198,7 @@ class StallDetector:
         self.small_excess = 0  # slow by the ratio, excess below min_excess_ns
         self.reports_batch = set()  # (run_id, tid) of threads that sent a batch size > 0
         self.pending = []  # (deadline, alert args) of unexplained alerts
-        self._thread = threading.Thread(target=self._run, name="api-stall-alerts", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="stall-alerts", daemon=True)
 
     @property
     def dropped(self):
