@@ -25,7 +25,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from helpers.fakecuda import FakeCuda  # noqa: E402
+from helpers.fakecuda import FakeCuda
 
 
 def serve(lib_path):

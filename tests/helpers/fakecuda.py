@@ -81,9 +81,9 @@ class FakeCuda:
         return polls
 
     def copy(self, name="cuMemcpyHtoD_v2"):
-        getattr(self.lib, name)(0, None, 0) if "Async" not in name else getattr(
-            self.lib, name
-        )(0, None, 0, None)
+        getattr(self.lib, name)(0, None, 0) if "Async" not in name else getattr(self.lib, name)(
+            0, None, 0, None
+        )
 
     def proc_address(self, symbol):
         """What cuGetProcAddress hands cudart and torch for `symbol`."""

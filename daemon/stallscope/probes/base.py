@@ -153,7 +153,8 @@ class ProbeSettings:
         minimum=1,
     )
     cuda_flush_ms: float = _key(
-        20.0, "CUDA driver probe: a thread's short calls of one kind are one row per this, ms",
+        20.0,
+        "CUDA driver probe: a thread's short calls of one kind are one row per this, ms",
         minimum=1,
     )
     cuda_poll_gap_us: float = _key(
