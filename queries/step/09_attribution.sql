@@ -13,7 +13,14 @@
 --               order (an earlier one keeps time a later one also claims):
 --     gc          GC passes of the run (any thread) overlapping the step;
 --                 a wait that a GC pass overlaps is GC, whoever waits
---     off CPU (the step thread's off-CPU intervals, less their GC time):
+--     gpu_wait    host time in CUDA synchronisations and polling loops
+--                 (cuda_sync_ns) above the median of the run's non-idle
+--                 steps of the same stage and batch, asleep or spinning:
+--                 the off-CPU time inside exact syncs is taken out of the
+--                 off-CPU parts below (a sleeping sync is never 'blocked'),
+--                 and sync time under a dropped GPU clock is gpu_clock
+--     off CPU (the step thread's off-CPU intervals, less their GC time and
+--     their time inside CUDA syncs):
 --     lock        asleep until another thread of the same process woke it
 --                 (a timed-out wait chained to such a wake-up too)
 --     peer        asleep until a thread of another traced process woke it
@@ -23,7 +30,7 @@
 --     blocked     asleep for any other reason: timer, I/O, device, an
 --                 untraced process, or an unknown waker (blocked_ns)
 --     on CPU (each capped by what the ones before left of the step's time
---     outside GC and off-CPU time):
+--     outside GC, off-CPU and CUDA sync time):
 --     irq         hard/soft IRQ handlers run on the thread's CPU while it
 --                 was current (irq_time), less GC time
 --     steal       hypervisor steal on the thread's CPU, pro-rated
@@ -32,7 +39,11 @@
 --     syscall     time inside system calls less the voluntary off-CPU time
 --                 of the step (syscall time while on CPU, estimated)
 --     migration   migrations x migration_cost_ns (50 us)
---     submit      submit_excess_ns less GC and off-CPU time inside submit
+--     launch      host time in CUDA launch calls (cuda_launch_ns) above the
+--                 median of the run's non-idle steps of the same stage and
+--                 batch (a launch storm, a full launch queue)
+--     submit      submit_excess_ns less GC and off-CPU time inside submit,
+--                 and less the gpu_wait and launch parts
 --     gpu_clock   step time under an SM clock below gpu_clock_factor (0.9)
 --                 x the run's reference clock while the GPU was not idle
 --   coverage    a component whose probe did not cover the step is NULL,
@@ -56,13 +67,13 @@ cov_run AS (   -- which probes ever covered each run
     SELECT run_id,
         bool_or(probe = 'sched') AS sched, bool_or(probe = 'syscalls') AS syscalls,
         bool_or(probe = 'page_faults') AS page_faults, bool_or(probe = 'irq') AS irq,
-        bool_or(probe = 'steal') AS steal
+        bool_or(probe = 'steal') AS steal, bool_or(probe = 'cuda') AS cuda
     FROM coverage GROUP BY run_id
 ), cov_step AS ( -- which probes covered each step
     SELECT f.run_id, f.tid, f.step_idx,
         bool_or(c.probe = 'sched') AS sched, bool_or(c.probe = 'syscalls') AS syscalls,
         bool_or(c.probe = 'page_faults') AS page_faults, bool_or(c.probe = 'irq') AS irq,
-        bool_or(c.probe = 'steal') AS steal
+        bool_or(c.probe = 'steal') AS steal, bool_or(c.probe = 'cuda') AS cuda
     FROM f JOIN step_coverage c
       ON c.run_id = f.run_id AND c.start_ns <= f.start_ns AND c.end_ns >= f.end_ns
     GROUP BY ALL
@@ -104,17 +115,22 @@ cov_run AS (   -- which probes ever covered each run
         coalesce(cs.page_faults, false) AS page_faults_cov,
         coalesce(cs.irq, false) AS irq_cov,
         coalesce(cs.steal, false) AS steal_cov,
-        list_filter(['sched', 'syscalls', 'page_faults', 'irq', 'steal'],
+        coalesce(cs.cuda, false) AS cuda_cov,
+        list_filter(['sched', 'syscalls', 'page_faults', 'irq', 'steal', 'cuda'],
             lambda q: CASE q WHEN 'sched' THEN coalesce(cr.sched, false) AND NOT coalesce(cs.sched, false)
                              WHEN 'syscalls' THEN coalesce(cr.syscalls, false) AND NOT coalesce(cs.syscalls, false)
                              WHEN 'page_faults' THEN coalesce(cr.page_faults, false) AND NOT coalesce(cs.page_faults, false)
                              WHEN 'irq' THEN coalesce(cr.irq, false) AND NOT coalesce(cs.irq, false)
+                             WHEN 'cuda' THEN coalesce(cr.cuda, false) AND NOT coalesce(cs.cuda, false)
                              ELSE coalesce(cr.steal, false) AND NOT coalesce(cs.steal, false) END) AS uncovered_probes,
         c.lock_ns AS c_lock_ns, c.peer_ns AS c_peer_ns, c.runqueue_woken_ns, c.blocked_woken_ns,
         c.blocked_unsplit_ns, c.preemption_ns AS c_preemption_ns, c.throttled_ns AS c_throttled_ns,
         c.preempted_raw_ns, c.blocked_raw_ns, c.runq_raw_ns, c.migrations AS c_migrations,
         c.preemptor, c.waker, c.syscall_total_ns AS c_syscall_total_ns, c.top_syscall AS c_top_syscall,
-        c.page_faults AS c_page_faults, c.page_fault_raw_ns, c.irq_raw_ns, stl.steal_ns AS c_steal_ns
+        c.page_faults AS c_page_faults, c.page_fault_raw_ns, c.irq_raw_ns, stl.steal_ns AS c_steal_ns,
+        c.cuda_launch_ns AS c_cuda_launch_ns, c.cuda_launches AS c_cuda_launches,
+        c.cuda_sync_ns AS c_cuda_sync_ns, c.cuda_sync_offcpu_ns AS c_cuda_sync_offcpu_ns,
+        c.cuda_copy_ns AS c_cuda_copy_ns
     FROM f
     CROSS JOIN p
     LEFT JOIN _step_components c ON c.run_id = f.run_id AND c.tid = f.tid AND c.step_idx = f.step_idx
@@ -138,18 +154,57 @@ cov_run AS (   -- which probes ever covered each run
                                  - rq_fallback_ns END AS blocked_ns,
         CASE WHEN sched_cov THEN coalesce(c_migrations, 0) END AS migrations
     FROM k
+), cb AS (     -- CUDA baselines: medians of the run's non-idle covered steps of the same stage and batch
+    SELECT run_id, stage, batch,
+        median(coalesce(c_cuda_sync_ns, 0)) FILTER (cuda_cov) AS cuda_sync_baseline_ns,
+        median(coalesce(c_cuda_launch_ns, 0)) FILTER (cuda_cov) AS cuda_launch_baseline_ns
+    FROM o WHERE NOT idle GROUP BY ALL
+), w AS (      -- gpu_wait, and the off-CPU time inside syncs the off-CPU parts give up
+    SELECT o.*, cb.cuda_sync_baseline_ns, cb.cuda_launch_baseline_ns,
+        CASE WHEN cuda_cov THEN coalesce(c_cuda_sync_ns, 0) END AS sync_raw,
+        CASE WHEN cuda_cov THEN least(coalesce(c_cuda_sync_offcpu_ns, 0), coalesce(c_cuda_sync_ns, 0))
+             ELSE 0 END AS so,
+        CASE WHEN cuda_cov THEN greatest(0, least(coalesce(c_cuda_sync_ns, 0)
+                 - coalesce(cb.cuda_sync_baseline_ns, 0), duration_ns - gc_ns))::BIGINT END AS gpu_wait_raw,
+        CASE WHEN cuda_cov THEN greatest(0, coalesce(c_cuda_launch_ns, 0)
+                 - coalesce(cb.cuda_launch_baseline_ns, 0))::BIGINT END AS launch_raw
+    FROM o
+    LEFT JOIN cb ON cb.run_id = o.run_id AND cb.stage IS NOT DISTINCT FROM o.stage AND cb.batch = o.batch
+), w1 AS (
+    SELECT w.*, least(coalesce(blocked_ns, 0), so) AS t_b FROM w
+), w2 AS (
+    SELECT w1.*, least(coalesce(lock_ns, 0), so - t_b) AS t_l FROM w1
+), w3 AS (
+    SELECT w2.*, least(coalesce(peer_ns, 0), so - t_b - t_l) AS t_p FROM w2
+), w4 AS (
+    SELECT w3.*, least(coalesce(runq_ns, 0), so - t_b - t_l - t_p) AS t_rq FROM w3
+), w5 AS (
+    SELECT w4.*, least(coalesce(throttled_ns, 0), so - t_b - t_l - t_p - t_rq) AS t_th FROM w4
+), w6 AS (
+    SELECT w5.*, least(coalesce(preempted_ns, 0), so - t_b - t_l - t_p - t_rq - t_th) AS t_pre FROM w5
+), v AS (      -- the off-CPU parts less their sync time; gpu_wait under a dropped clock is gpu_clock
+    SELECT w6.* REPLACE (
+            blocked_ns - t_b AS blocked_ns, lock_ns - t_l AS lock_ns, peer_ns - t_p AS peer_ns,
+            runq_ns - t_rq AS runq_ns, throttled_ns - t_th AS throttled_ns,
+            preempted_ns - t_pre AS preempted_ns,
+            greatest(submit_raw_ns - coalesce(gpu_wait_raw, 0) - coalesce(launch_raw, 0), 0) AS submit_raw_ns),
+        CASE WHEN gpu_clock_raw_ns > 0 THEN least(coalesce(gpu_wait_raw, 0), gpu_clock_raw_ns) ELSE 0 END
+            AS gpu_wait_clock_ns
+    FROM w6
 ), r AS (      -- on-CPU raw parts, and the time they may share: the wall time
                -- outside GC and the off-CPU parts
-    SELECT o.*,
+    SELECT v.*,
+        CASE WHEN gpu_wait_raw IS NOT NULL THEN gpu_wait_raw - gpu_wait_clock_ns END AS gpu_wait_ns,
         greatest(0, duration_ns - gc_ns - coalesce(lock_ns, 0) - coalesce(peer_ns, 0) - coalesce(runq_ns, 0)
-                 - coalesce(throttled_ns, 0) - coalesce(preempted_ns, 0) - coalesce(blocked_ns, 0)) AS room_ns,
+                 - coalesce(throttled_ns, 0) - coalesce(preempted_ns, 0) - coalesce(blocked_ns, 0)
+                 - coalesce(sync_raw, 0)) AS room_ns,
         CASE WHEN irq_cov THEN coalesce(irq_raw_ns, 0) END AS irq_raw,
         CASE WHEN steal_cov THEN coalesce(c_steal_ns, 0) END AS steal_raw,
         CASE WHEN page_faults_cov THEN coalesce(page_fault_raw_ns, 0) END AS page_fault_raw,
         CASE WHEN syscalls_cov THEN   -- time in syscalls less the voluntary off-CPU time
             greatest(0, coalesce(c_syscall_total_ns, 0) - coalesce(blocked_raw_ns, 0)) END AS syscall_raw,
         migrations * migration_cost_ns AS migration_raw
-    FROM o
+    FROM v
 ), q AS (      -- running totals in precedence order (NULL parts count 0)
     SELECT r.*,
         coalesce(irq_raw, 0) AS p1,
@@ -160,9 +215,13 @@ cov_run AS (   -- which probes ever covered each run
         coalesce(irq_raw, 0) + coalesce(steal_raw, 0) + coalesce(page_fault_raw, 0)
             + coalesce(syscall_raw, 0) + coalesce(migration_raw, 0) AS p5,
         coalesce(irq_raw, 0) + coalesce(steal_raw, 0) + coalesce(page_fault_raw, 0)
-            + coalesce(syscall_raw, 0) + coalesce(migration_raw, 0) + submit_raw_ns AS p6,
+            + coalesce(syscall_raw, 0) + coalesce(migration_raw, 0) + coalesce(launch_raw, 0) AS p6,
         coalesce(irq_raw, 0) + coalesce(steal_raw, 0) + coalesce(page_fault_raw, 0)
-            + coalesce(syscall_raw, 0) + coalesce(migration_raw, 0) + submit_raw_ns + gpu_clock_raw_ns AS p7
+            + coalesce(syscall_raw, 0) + coalesce(migration_raw, 0) + coalesce(launch_raw, 0)
+            + submit_raw_ns AS p7,
+        coalesce(irq_raw, 0) + coalesce(steal_raw, 0) + coalesce(page_fault_raw, 0)
+            + coalesce(syscall_raw, 0) + coalesce(migration_raw, 0) + coalesce(launch_raw, 0)
+            + submit_raw_ns + gpu_clock_raw_ns AS p8
     FROM r
 ), c AS (      -- each on-CPU part capped by what the earlier ones left of room_ns:
                -- least(p_k, room) - least(p_k-1, room)
@@ -172,15 +231,17 @@ cov_run AS (   -- which probes ever covered each run
         CASE WHEN page_fault_raw IS NOT NULL THEN least(p3, room_ns) - least(p2, room_ns) END AS page_fault_ns,
         CASE WHEN syscall_raw IS NOT NULL THEN least(p4, room_ns) - least(p3, room_ns) END AS syscall_ns,
         CASE WHEN migration_raw IS NOT NULL THEN least(p5, room_ns) - least(p4, room_ns) END AS migration_ns,
-        least(p6, room_ns) - least(p5, room_ns) AS submit_host_ns,
-        least(p7, room_ns) - least(p6, room_ns) AS gpu_clock_ns
+        CASE WHEN launch_raw IS NOT NULL THEN least(p6, room_ns) - least(p5, room_ns) END AS launch_ns,
+        least(p7, room_ns) - least(p6, room_ns) AS submit_host_ns,
+        least(p8, room_ns) - least(p7, room_ns) + gpu_wait_clock_ns AS gpu_clock_ns
     FROM q
 ), m AS (
     SELECT c.*,
-        greatest(gc_ns, coalesce(lock_ns, 0), coalesce(peer_ns, 0), coalesce(runq_ns, 0),
+        greatest(gc_ns, coalesce(gpu_wait_ns, 0), coalesce(lock_ns, 0), coalesce(peer_ns, 0), coalesce(runq_ns, 0),
                  coalesce(throttled_ns, 0), coalesce(preempted_ns, 0), coalesce(blocked_ns, 0),
                  coalesce(irq_ns, 0), coalesce(steal_ns, 0), coalesce(page_fault_ns, 0),
-                 coalesce(syscall_ns, 0), coalesce(migration_ns, 0), submit_host_ns, gpu_clock_ns) AS top_ns
+                 coalesce(syscall_ns, 0), coalesce(migration_ns, 0), coalesce(launch_ns, 0),
+                 submit_host_ns, gpu_clock_ns) AS top_ns
     FROM c
 )
 SELECT
@@ -213,6 +274,7 @@ SELECT
         WHEN top_ns > 0 AND top_ns >= cause_min_share * excess_ns THEN
             CASE top_ns
                 WHEN gc_ns THEN 'gc'
+                WHEN gpu_wait_ns THEN 'gpu_wait'
                 WHEN lock_ns THEN 'lock'
                 WHEN peer_ns THEN 'peer'
                 WHEN runq_ns THEN 'runqueue'
@@ -224,6 +286,7 @@ SELECT
                 WHEN page_fault_ns THEN 'page_fault'
                 WHEN syscall_ns THEN 'syscall'
                 WHEN migration_ns THEN 'migration'
+                WHEN launch_ns THEN 'launch'
                 WHEN submit_host_ns THEN 'submit'
                 ELSE 'gpu_clock'
             END
@@ -251,5 +314,12 @@ SELECT
     CASE WHEN sched_cov THEN waker.comm END AS waker_comm,          -- its comm
     CASE WHEN sched_cov THEN waker.pid END AS waker_pid,            -- its process
     CASE WHEN sched_cov THEN waker.run_id END AS waker_run_id,      -- its run, when it is a traced process
-    uncovered_probes      -- probes that covered the run at some time but not this step
+    uncovered_probes,     -- probes that covered the run at some time but not this step
+    gpu_wait_ns,          -- cuda_sync_ns above its baseline, capped by the step's time outside GC, less its part under a dropped GPU clock, ns; NULL outside cuda coverage
+    launch_ns,            -- cuda_launch_ns above its baseline, capped by the on-CPU time left, ns; NULL outside cuda coverage
+    sync_raw AS cuda_sync_ns,  -- host time in CUDA synchronisations and polling loops (asleep or spinning), ns; NULL outside cuda coverage
+    cuda_sync_baseline_ns,     -- median cuda_sync_ns of the run's non-idle covered steps of the same stage and batch, ns
+    CASE WHEN cuda_cov THEN coalesce(c_cuda_launch_ns, 0) END AS cuda_launch_ns,  -- host time in CUDA launch calls, ns; NULL outside cuda coverage
+    CASE WHEN cuda_cov THEN coalesce(c_cuda_launches, 0) END AS cuda_launches,    -- CUDA launch calls (summary rows pro-rated); NULL outside cuda coverage
+    CASE WHEN cuda_cov THEN coalesce(c_cuda_copy_ns, 0) END AS cuda_copy_ns       -- host time in CUDA memory copies, ns; NULL outside cuda coverage
 FROM m;

@@ -275,6 +275,7 @@ def _who_section(con, where):
 # One fixed colour per cause (gc red, as in the seed's figures; common ones far apart).
 CAUSE_COLOURS = {
     "gc": "tab:red",
+    "gpu_wait": "darkorange",
     "lock": "tab:cyan",
     "peer": "tab:brown",
     "runqueue": "tab:orange",
@@ -286,6 +287,7 @@ CAUSE_COLOURS = {
     "page_fault": "teal",
     "syscall": "lime",
     "migration": "sienna",
+    "launch": "darkgreen",
     "submit": "tab:green",
     "gpu_clock": "magenta",
     "uncovered": "0.45",

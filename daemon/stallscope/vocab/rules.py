@@ -21,15 +21,19 @@ WORK_BUCKETS_PER_OCTAVE = 4.0  # work buckets per doubling of spans.work
 LOCK_CHAIN_GAP_NS = 50_000  # a timed-out wait joins the lock wait that follows within this
 
 # Every cause step_attribution names, in precedence order (ties go to the
-# earlier): off-CPU parts, then on-CPU parts, then the two verdicts of a
-# slow step that no component explains.
-OFF_CPU_CAUSES = ("gc", "lock", "peer", "runqueue", "throttled", "preemption", "blocked")
-ON_CPU_CAUSES = ("irq", "steal", "page_fault", "syscall", "migration", "submit", "gpu_clock")
+# earlier): waits (off-CPU parts, and gpu_wait: the host waiting on the GPU,
+# asleep or spinning), then on-CPU parts, then the two verdicts of a slow
+# step that no component explains.
+OFF_CPU_CAUSES = ("gc", "gpu_wait", "lock", "peer", "runqueue", "throttled", "preemption",
+                  "blocked")  # fmt: skip
+ON_CPU_CAUSES = ("irq", "steal", "page_fault", "syscall", "migration", "launch", "submit",
+                 "gpu_clock")  # fmt: skip
 CAUSES = OFF_CPU_CAUSES + ON_CPU_CAUSES + ("uncovered", "unexplained")
 
 # The step_attribution column that sizes each cause's component (ns).
 CAUSE_COLUMNS = {
     "gc": "gc_ns",
+    "gpu_wait": "gpu_wait_ns",
     "lock": "lock_ns",
     "peer": "peer_ns",
     "runqueue": "runq_ns",
@@ -41,6 +45,7 @@ CAUSE_COLUMNS = {
     "page_fault": "page_fault_ns",
     "syscall": "syscall_ns",
     "migration": "migration_ns",
+    "launch": "launch_ns",
     "submit": "submit_host_ns",
     "gpu_clock": "gpu_clock_ns",
 }
