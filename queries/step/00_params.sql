@@ -41,4 +41,9 @@ SELECT
     -- lock wait that follows it when the thread blocks again within this
     -- long (nanoseconds): a GIL waiter times out every switch interval,
     -- runs a few microseconds, and waits again until the holder wakes it.
-    coalesce(getvariable('step_lock_chain_gap_ns'), 50000)::BIGINT      AS lock_chain_gap_ns;
+    coalesce(getvariable('step_lock_chain_gap_ns'), 50000)::BIGINT      AS lock_chain_gap_ns,
+    -- a CUDA sync that returned within this of its thread's return to a CPU
+    -- after a preemption may have been done while the thread was off CPU: that
+    -- preemption stays preemption; earlier ones (the thread then waited on)
+    -- are GPU wait (step_components keep the value they were filled with)
+    coalesce(getvariable('step_cuda_sync_tail_ns'), 50000)::BIGINT     AS cuda_sync_tail_ns;

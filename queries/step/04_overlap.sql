@@ -227,17 +227,32 @@ WITH o AS MATERIALIZED (
         CASE WHEN o.src = 1 AND NOT coalesce(o.preempted, false) THEN
             CASE WHEN o.wake_ns IS NULL THEN o.b_ns ELSE least(o.b_ns, greatest(o.a_ns, o.wake_ns)) END
         END AS m_ns,
-        g.gcs, sy.syncs
+        g.gcs, sy.syncs, tp.cuda_sync_tail_ns AS sync_tail_ns
     FROM o
+    CROSS JOIN (SELECT cuda_sync_tail_ns FROM step_params) tp
     LEFT JOIN _step_submit_call_of(scoped) f USING (run_id, tid, step_idx)
     LEFT JOIN gcl g ON o.src IN (1, 6) AND g.run_id = o.run_id AND g.tid = o.tid AND g.step_idx = o.step_idx
     LEFT JOIN syl sy ON o.src = 1 AND sy.run_id = o.run_id AND sy.tid = o.tid AND sy.step_idx = o.step_idx
 ), y AS (
     SELECT x.*,
-        -- off-CPU time inside the step's exact CUDA syncs (a sync that slept)
-        CASE WHEN syncs IS NULL THEN 0 ELSE
-            list_sum([greatest(0, least(b_ns, q.b) - greatest(a_ns, q.a)) FOR q IN syncs]) END
-            AS in_sync_ns,
+        -- off-CPU time inside the step's exact CUDA syncs while the GPU was
+        -- still busy: asleep until the wake-up (the driver's: the GPU was
+        -- done), or preempted when the sync went on after it (the thread
+        -- waited on). Held: the run-queue wait after a wake-up, and a
+        -- preemption the sync ended right after (cuda_sync_tail_ns): the GPU
+        -- may have been done meanwhile, so that time is the CPU's.
+        CASE WHEN syncs IS NULL THEN 0
+             WHEN m_ns IS NOT NULL THEN
+                 list_sum([greatest(0, least(m_ns, q.b) - greatest(a_ns, q.a)) FOR q IN syncs])
+             ELSE list_sum([CASE WHEN q.b - b_ns > sync_tail_ns
+                                 THEN greatest(0, least(b_ns, q.b) - greatest(a_ns, q.a)) ELSE 0 END
+                            FOR q IN syncs]) END AS in_sync_off_ns,
+        CASE WHEN syncs IS NULL THEN 0
+             WHEN m_ns IS NOT NULL THEN
+                 list_sum([greatest(0, least(b_ns, q.b) - greatest(m_ns, q.a)) FOR q IN syncs])
+             ELSE list_sum([CASE WHEN q.b - b_ns <= sync_tail_ns
+                                 THEN greatest(0, least(b_ns, q.b) - greatest(a_ns, q.a)) ELSE 0 END
+                            FOR q IN syncs]) END AS in_sync_held_ns,
         -- GC time inside [a, m] (the sleep or preempted part) and [m, b] (the run-queue part)
         CASE WHEN gcs IS NULL THEN 0 ELSE
             list_sum([greatest(0, least(coalesce(m_ns, b_ns), q.b) - greatest(a_ns, q.a)) FOR q IN gcs]) END
@@ -315,7 +330,8 @@ WITH o AS MATERIALIZED (
         round(sum(n * frac) FILTER (src = 7 AND label = 'launch'))::BIGINT AS cuda_launches,
         round(sum(CASE WHEN n <= 1 OR xe <= xs THEN overlap_ns ELSE v_ns * frac END)
               FILTER (src = 7 AND label IN ('sync', 'poll')))::BIGINT AS cuda_sync_ns,
-        sum(in_sync_ns) FILTER (src = 1)::BIGINT AS cuda_sync_offcpu_ns,
+        sum(in_sync_off_ns) FILTER (src = 1)::BIGINT AS cuda_sync_off_ns,
+        sum(in_sync_held_ns) FILTER (src = 1)::BIGINT AS cuda_sync_held_ns,
         round(sum(CASE WHEN n <= 1 OR xe <= xs THEN overlap_ns ELSE v_ns * frac END)
               FILTER (src = 7 AND label = 'copy'))::BIGINT AS cuda_copy_ns,
         -- processes named by the step's off-CPU rows (the filler's invalidation key)
@@ -336,7 +352,8 @@ SELECT m.run_id, m.tid, m.step_idx, m.gc_ns, m.gc0_ns, m.gc1_ns, m.gc2_ns, m.gc_
     m.runq_raw_ns, m.migrations, m.offcpu_intervals, m.offcpu_in_submit_ns, m.preemption_ns,
     m.throttled_ns, m.lock_ns, m.peer_ns, m.blocked_woken_ns, m.blocked_unsplit_ns,
     m.runqueue_woken_ns, m.page_faults, m.page_fault_raw_ns, m.irq_raw_ns, m.cuda_launch_ns,
-    m.cuda_launches, m.cuda_sync_ns, m.cuda_sync_offcpu_ns, m.cuda_copy_ns, m.who_pids,
+    m.cuda_launches, m.cuda_sync_ns, m.cuda_sync_off_ns, m.cuda_sync_held_ns, m.cuda_copy_ns,
+    m.who_pids,
     m.preemptor, m.waker, m.syscall_total_ns, m.top_syscall
 FROM step_components m JOIN _step_frontier f USING (run_id, tid)
 WHERE m.step_idx <= f.filled_idx AND m.has_components

@@ -14,11 +14,16 @@
 --     gc          GC passes of the run (any thread) overlapping the step;
 --                 a wait that a GC pass overlaps is GC, whoever waits
 --     gpu_wait    host time in CUDA synchronisations and polling loops
---                 (cuda_sync_ns) above the median of the run's non-idle
---                 steps of the same stage and batch, asleep or spinning:
---                 the off-CPU time inside exact syncs is taken out of the
---                 off-CPU parts below (a sleeping sync is never 'blocked'),
---                 and sync time under a dropped GPU clock is gpu_clock
+--                 (cuda_sync_ns), asleep or spinning, less the time held
+--                 off a CPU inside them when the GPU may have been done (the
+--                 run-queue wait after a sync's wake-up, a preemption the
+--                 sync ended right after, cuda_sync_tail_ns: those stay
+--                 runqueue and preemption), above the median of that over
+--                 the run's non-idle steps of the same stage and batch; the
+--                 other off-CPU time inside exact syncs is taken out of the
+--                 blocked, lock, peer, preemption and throttled parts below
+--                 (a sleeping sync is never 'blocked'); sync time under a
+--                 dropped GPU clock is gpu_clock
 --     off CPU (the step thread's off-CPU intervals, less their GC time and
 --     their time inside CUDA syncs):
 --     lock        asleep until another thread of the same process woke it
@@ -129,7 +134,8 @@ cov_run AS (   -- which probes ever covered each run
         c.preemptor, c.waker, c.syscall_total_ns AS c_syscall_total_ns, c.top_syscall AS c_top_syscall,
         c.page_faults AS c_page_faults, c.page_fault_raw_ns, c.irq_raw_ns, stl.steal_ns AS c_steal_ns,
         c.cuda_launch_ns AS c_cuda_launch_ns, c.cuda_launches AS c_cuda_launches,
-        c.cuda_sync_ns AS c_cuda_sync_ns, c.cuda_sync_offcpu_ns AS c_cuda_sync_offcpu_ns,
+        c.cuda_sync_ns AS c_cuda_sync_ns, c.cuda_sync_off_ns AS c_cuda_sync_off_ns,
+        c.cuda_sync_held_ns AS c_cuda_sync_held_ns,
         c.cuda_copy_ns AS c_cuda_copy_ns
     FROM f
     CROSS JOIN p
@@ -156,15 +162,17 @@ cov_run AS (   -- which probes ever covered each run
     FROM k
 ), cb AS (     -- CUDA baselines: medians of the run's non-idle covered steps of the same stage and batch
     SELECT run_id, stage, batch,
-        median(coalesce(c_cuda_sync_ns, 0)) FILTER (cuda_cov) AS cuda_sync_baseline_ns,
+        median(coalesce(c_cuda_sync_ns, 0) - coalesce(c_cuda_sync_held_ns, 0)) FILTER (cuda_cov)
+            AS cuda_sync_baseline_ns,
         median(coalesce(c_cuda_launch_ns, 0)) FILTER (cuda_cov) AS cuda_launch_baseline_ns
     FROM o WHERE NOT idle GROUP BY ALL
 ), w AS (      -- gpu_wait, and the off-CPU time inside syncs the off-CPU parts give up
     SELECT o.*, cb.cuda_sync_baseline_ns, cb.cuda_launch_baseline_ns,
         CASE WHEN cuda_cov THEN coalesce(c_cuda_sync_ns, 0) END AS sync_raw,
-        CASE WHEN cuda_cov THEN least(coalesce(c_cuda_sync_offcpu_ns, 0), coalesce(c_cuda_sync_ns, 0))
+        CASE WHEN cuda_cov THEN coalesce(c_cuda_sync_held_ns, 0) ELSE 0 END AS sync_held,
+        CASE WHEN cuda_cov THEN least(coalesce(c_cuda_sync_off_ns, 0), coalesce(c_cuda_sync_ns, 0))
              ELSE 0 END AS so,
-        CASE WHEN cuda_cov THEN greatest(0, least(coalesce(c_cuda_sync_ns, 0)
+        CASE WHEN cuda_cov THEN greatest(0, least(coalesce(c_cuda_sync_ns, 0) - coalesce(c_cuda_sync_held_ns, 0)
                  - coalesce(cb.cuda_sync_baseline_ns, 0), duration_ns - gc_ns))::BIGINT END AS gpu_wait_raw,
         CASE WHEN cuda_cov THEN greatest(0, coalesce(c_cuda_launch_ns, 0)
                  - coalesce(cb.cuda_launch_baseline_ns, 0))::BIGINT END AS launch_raw
@@ -177,27 +185,24 @@ cov_run AS (   -- which probes ever covered each run
 ), w3 AS (
     SELECT w2.*, least(coalesce(peer_ns, 0), so - t_b - t_l) AS t_p FROM w2
 ), w4 AS (
-    SELECT w3.*, least(coalesce(runq_ns, 0), so - t_b - t_l - t_p) AS t_rq FROM w3
+    SELECT w3.*, least(coalesce(preempted_ns, 0), so - t_b - t_l - t_p) AS t_pre FROM w3
 ), w5 AS (
-    SELECT w4.*, least(coalesce(throttled_ns, 0), so - t_b - t_l - t_p - t_rq) AS t_th FROM w4
-), w6 AS (
-    SELECT w5.*, least(coalesce(preempted_ns, 0), so - t_b - t_l - t_p - t_rq - t_th) AS t_pre FROM w5
-), v AS (      -- the off-CPU parts less their sync time; gpu_wait under a dropped clock is gpu_clock
-    SELECT w6.* REPLACE (
+    SELECT w4.*, least(coalesce(throttled_ns, 0), so - t_b - t_l - t_p - t_pre) AS t_th FROM w4
+), v AS (      -- the off-CPU parts less their GPU-wait time; gpu_wait under a dropped clock is gpu_clock
+    SELECT w5.* REPLACE (
             blocked_ns - t_b AS blocked_ns, lock_ns - t_l AS lock_ns, peer_ns - t_p AS peer_ns,
-            runq_ns - t_rq AS runq_ns, throttled_ns - t_th AS throttled_ns,
-            preempted_ns - t_pre AS preempted_ns,
+            preempted_ns - t_pre AS preempted_ns, throttled_ns - t_th AS throttled_ns,
             greatest(submit_raw_ns - coalesce(gpu_wait_raw, 0) - coalesce(launch_raw, 0), 0) AS submit_raw_ns),
         CASE WHEN gpu_clock_raw_ns > 0 THEN least(coalesce(gpu_wait_raw, 0), gpu_clock_raw_ns) ELSE 0 END
             AS gpu_wait_clock_ns
-    FROM w6
+    FROM w5
 ), r AS (      -- on-CPU raw parts, and the time they may share: the wall time
                -- outside GC and the off-CPU parts
     SELECT v.*,
         CASE WHEN gpu_wait_raw IS NOT NULL THEN gpu_wait_raw - gpu_wait_clock_ns END AS gpu_wait_ns,
         greatest(0, duration_ns - gc_ns - coalesce(lock_ns, 0) - coalesce(peer_ns, 0) - coalesce(runq_ns, 0)
                  - coalesce(throttled_ns, 0) - coalesce(preempted_ns, 0) - coalesce(blocked_ns, 0)
-                 - coalesce(sync_raw, 0)) AS room_ns,
+                 - (coalesce(sync_raw, 0) - sync_held)) AS room_ns,
         CASE WHEN irq_cov THEN coalesce(irq_raw_ns, 0) END AS irq_raw,
         CASE WHEN steal_cov THEN coalesce(c_steal_ns, 0) END AS steal_raw,
         CASE WHEN page_faults_cov THEN coalesce(page_fault_raw_ns, 0) END AS page_fault_raw,
@@ -315,10 +320,10 @@ SELECT
     CASE WHEN sched_cov THEN waker.pid END AS waker_pid,            -- its process
     CASE WHEN sched_cov THEN waker.run_id END AS waker_run_id,      -- its run, when it is a traced process
     uncovered_probes,     -- probes that covered the run at some time but not this step
-    gpu_wait_ns,          -- cuda_sync_ns above its baseline, capped by the step's time outside GC, less its part under a dropped GPU clock, ns; NULL outside cuda coverage
+    gpu_wait_ns,          -- cuda_sync_ns less its run-queue and preempted time, above its baseline, capped by the step's time outside GC, less its part under a dropped GPU clock, ns; NULL outside cuda coverage
     launch_ns,            -- cuda_launch_ns above its baseline, capped by the on-CPU time left, ns; NULL outside cuda coverage
     sync_raw AS cuda_sync_ns,  -- host time in CUDA synchronisations and polling loops (asleep or spinning), ns; NULL outside cuda coverage
-    cuda_sync_baseline_ns,     -- median cuda_sync_ns of the run's non-idle covered steps of the same stage and batch, ns
+    cuda_sync_baseline_ns,     -- median of cuda_sync_ns less its run-queue and preempted time over the run's non-idle covered steps of the same stage and batch, ns
     CASE WHEN cuda_cov THEN coalesce(c_cuda_launch_ns, 0) END AS cuda_launch_ns,  -- host time in CUDA launch calls, ns; NULL outside cuda coverage
     CASE WHEN cuda_cov THEN coalesce(c_cuda_launches, 0) END AS cuda_launches,    -- CUDA launch calls (summary rows pro-rated); NULL outside cuda coverage
     CASE WHEN cuda_cov THEN coalesce(c_cuda_copy_ns, 0) END AS cuda_copy_ns       -- host time in CUDA memory copies, ns; NULL outside cuda coverage

@@ -7,8 +7,11 @@
 // entry point, kind) per thread; a probed call made inside another only
 // deepens it (the outer one is timed). The return writes a call of at least
 // THRESHOLD_NS as one record and adds a shorter one to the (thread, kind)
-// aggregate, which the kernel writes out once it spans FLUSH_NS and user
-// space flushes once idle. Queries (cuEventQuery, cuStreamQuery) are the
+// aggregate, which the kernel writes out once it spans FLUSH_NS, or when the
+// thread turns from launching and copying to waiting (a sync or a query) or
+// back: so a summed row is one burst (a step's launches, up to its sync) and
+// a step's share of it is not smeared over its neighbours; user space
+// flushes idle ones. Queries (cuEventQuery, cuStreamQuery) are the
 // steps of a polling loop: from the first one answering CU_NOT_READY to the
 // one that answers otherwise is one CU_KIND_POLL call, time between the
 // queries included (the host spun waiting); a gap of more than POLL_GAP_NS
@@ -82,6 +85,7 @@ static __always_inline void emit(struct record *r)
 BPF_HASH(inflight, u32, struct cu_call, MAX_TIDS);    // tid -> call in flight
 BPF_HASH(polls, u32, struct cu_poll, MAX_TIDS);       // tid -> polling loop
 BPF_HASH(aggs, struct cu_key, struct cu_agg, MAX_AGGS);  // (tid, kind) -> short calls
+BPF_HASH(phase, u32, u32, MAX_TIDS);                  // tid -> 1 waiting (sync, query), 0 not
 
 static __always_inline void add_call(u32 pid, u32 tid, u32 kind, u64 ip, u64 start, u64 now,
                                      u32 calls)
@@ -139,6 +143,28 @@ static __always_inline void add_call(u32 pid, u32 tid, u32 kind, u64 ip, u64 sta
         COUNT(aggs_full);
 }
 
+// Write out the thread's aggregate of `kind`, if any.
+static __always_inline void close_agg(u32 tid, u32 kind)
+{
+    struct cu_key k = {};
+    k.tid = tid;
+    k.kind = kind;
+    struct cu_agg *a = aggs.lookup(&k);
+    if (!a)
+        return;
+    struct record r = {};
+    r.start_ns = a->start_ns;
+    r.end_ns = a->last_ns;
+    r.total_ns = a->total_ns;
+    r.pid = a->pid;
+    r.tid = tid;
+    r.kind = kind;
+    r.count = a->count;
+    r.calls = a->calls;
+    emit(&r);
+    aggs.delete(&k);
+}
+
 static __always_inline int enter(struct pt_regs *ctx, u32 kind)
 {
     u64 id = bpf_get_current_pid_tgid();
@@ -146,6 +172,19 @@ static __always_inline int enter(struct pt_regs *ctx, u32 kind)
     if (!pid)
         return 0;
     u32 tid = id;
+    u32 waiting = kind == CU_KIND_SYNC || kind == CU_KIND_POLL;
+    u32 *was = phase.lookup(&tid);
+    if (!was || *was != waiting) {
+        // the other phase's bursts are over
+        if (waiting) {
+            close_agg(tid, CU_KIND_LAUNCH);
+            close_agg(tid, CU_KIND_COPY);
+        } else {
+            close_agg(tid, CU_KIND_SYNC);
+            close_agg(tid, CU_KIND_POLL);
+        }
+        phase.update(&tid, &waiting);
+    }
     struct cu_call *c = inflight.lookup(&tid);
     if (c) {
         c->depth += 1;

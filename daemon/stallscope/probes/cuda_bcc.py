@@ -264,6 +264,7 @@ class BccCudaProbe(BccTracepointProbe):
                 log.warning("cuda probe: cannot attach %s in pid %d: %s", name, pid, exc)
                 continue
             lib["attached"].append(name)
+        log.info("cuda probe: pid %d: %d entry points attached", pid, len(lib["attached"]))
 
     def _detach_pid(self, pid):
         lib = self._libs.get(pid)
@@ -298,6 +299,7 @@ class BccCudaProbe(BccTracepointProbe):
         # after the next attach
         self._bpf[b"inflight"].clear()
         self._bpf[b"polls"].clear()
+        self._bpf[b"phase"].clear()
         self.drain(final=True)
         self._report()
 

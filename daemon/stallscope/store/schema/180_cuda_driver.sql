@@ -29,5 +29,10 @@ CREATE TABLE IF NOT EXISTS cuda_calls (
 ALTER TABLE step_components ADD COLUMN IF NOT EXISTS cuda_launch_ns BIGINT;       -- time in launch calls, ns
 ALTER TABLE step_components ADD COLUMN IF NOT EXISTS cuda_launches BIGINT;        -- launch calls
 ALTER TABLE step_components ADD COLUMN IF NOT EXISTS cuda_sync_ns BIGINT;         -- time in synchronisations and polling loops, ns
-ALTER TABLE step_components ADD COLUMN IF NOT EXISTS cuda_sync_offcpu_ns BIGINT;  -- off-CPU time of the step thread inside its exact sync/poll rows, ns
+-- Off-CPU time of the step thread inside its exact sync/poll rows, split
+-- (queries/step/04_overlap.sql): while the GPU was still busy (asleep before
+-- the wake-up; preempted when the sync went on after it), and held (run-queue
+-- wait after the wake-up; a preemption the sync ended right after), ns.
+ALTER TABLE step_components ADD COLUMN IF NOT EXISTS cuda_sync_off_ns BIGINT;
+ALTER TABLE step_components ADD COLUMN IF NOT EXISTS cuda_sync_held_ns BIGINT;
 ALTER TABLE step_components ADD COLUMN IF NOT EXISTS cuda_copy_ns BIGINT;         -- time in memory copies, ns
