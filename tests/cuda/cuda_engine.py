@@ -12,7 +12,8 @@ monotonic ns around it): `load` (dlopen LIB now), `launch N [NAME]`,
 as steps traced by the probe client: each step launches `launches` kernels,
 keeps the GPU busy `gpu_ns` and syncs (`sync`: 'spin', 'sleep' or 'poll');
 the steps listed in `inject` ({index: {"gpu_ns": ..., "sync": ...} or
-{"launches": N, "launch_ns": ns}}) do more. It waits for `start_file`, if
+{"launches": N, "launch_ns": ns}}) do more, under SCHED_FIFO when the
+entry says "fifo". It waits for `start_file`, if
 the plan names one, before its first step and prints {"pid", "tid",
 "starts": [step start ns, ...]} when done. Never asserts: the test judges.
 """
@@ -61,6 +62,19 @@ def serve(lib_path):
         print(json.dumps([t0, time.monotonic_ns()]), flush=True)
 
 
+def realtime(on):
+    """SCHED_FIFO 1 for one injected step, so that a busy shared machine
+    cannot preempt the injection (a competing cause the test would have to
+    leave out); never fails the engine."""
+    try:
+        if on:
+            os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
+        else:
+            os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+    except OSError:
+        pass
+
+
 def steps(socket_path, lib_path, plan_path):
     import probe_client
 
@@ -81,6 +95,8 @@ def steps(socket_path, lib_path, plan_path):
     starts = []
     for i in range(plan["steps"]):
         extra = inject.get(i, {})
+        if extra.get("fifo"):
+            realtime(True)
         t0 = probe.begin()
         starts.append(t0)
         cuda.lib.fake_set_launch_ns(int(extra.get("launch_ns", plan.get("launch_ns", 0))))
@@ -92,6 +108,8 @@ def steps(socket_path, lib_path, plan_path):
         else:
             cuda.sync(sleeps=how == "sleep")
         probe.end("step", t0, batch=1)
+        if extra.get("fifo"):
+            realtime(False)
         time.sleep(plan.get("gap_s", 0.002))
     probe.close()
     out = {"pid": os.getpid(), "tid": threading.get_native_id(), "starts": starts}

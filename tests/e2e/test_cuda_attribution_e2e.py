@@ -6,10 +6,14 @@ fake_libcuda.c, built here under the real driver's file name), one per way
 of waiting for the GPU: a spinning sync, a sleeping sync and a polling loop
 of cuEventQuery. Each engine's steps launch a few kernels and wait ~2 ms
 for the "GPU"; at known steps the GPU takes 25 ms longer (an injected long
-sync) or the step launches 4,000 kernels of 4 us each (a launch storm).
+sync) or the step launches 300 kernels of 10 us each (a launch storm).
 step_attribution must name those steps `gpu_wait` and `launch` with
 precision and recall of at least 0.95 over all engines, and a sleeping
-sync must never be called `blocked`.
+sync must never be called `blocked`. As in test_attribution_e2e.py, an
+injected step that the loaded machine preempted or kept waiting for a CPU
+at least half as long as the injection itself took is no longer ground
+truth: it is left out of the score (listed), never relabelled, and more
+than 10 % left out fails the test.
 """
 
 import json
@@ -30,13 +34,18 @@ pytestmark = [pytest.mark.daemon, pytest.mark.privileged]
 ENGINE = Path(__file__).resolve().parents[1] / "cuda" / "cuda_engine.py"
 STEPS = 240
 GPU_STEPS = set(range(15, STEPS, 20))  # the GPU takes 25 ms longer
-STORM_STEPS = set(range(25, STEPS, 20))  # 4,000 launches of 4 us
+# 300 launches of 10 us (~6 ms with the probe's cost), run under SCHED_FIFO:
+# a busy shared machine (fair shares between sessions, whatever the nice
+# value) otherwise preempts half of any CPU burst of several ms at its
+# ticks, a competing cause as large that leaves the step out of the score
+STORM_STEPS = set(range(25, STEPS, 20))
+STORM = {"launches": 300, "launch_ns": 10_000, "fifo": True}
 MIN_SCORE = 0.95
 
 
 def plan(sync, start_file):
     inject = {i: {"gpu_ns": 27_000_000} for i in GPU_STEPS}
-    inject.update({i: {"launches": 4000, "launch_ns": 4000} for i in STORM_STEPS})
+    inject.update({i: STORM for i in STORM_STEPS})
     return {"steps": STEPS, "launches": 20, "gpu_ns": 2_000_000, "sync": sync,
             "gap_s": 0.002, "inject": inject, "start_file": str(start_file)}  # fmt: skip
 
@@ -81,9 +90,9 @@ def run_engine(daemon, lib, sync, tmp_path):
 def test_gpu_waits_and_launch_storms_are_named(daemon, tmp_path):
     lib = fakecuda.build(tmp_path)
     engines = {sync: run_engine(daemon, lib, sync, tmp_path) for sync in ("spin", "sleep", "poll")}
-    rc, _ = daemon.stop()
+    rc, _ = daemon.stop(timeout_s=60)
     assert rc == 0
-    hits = {"gpu_wait": [0, 0, 0], "launch": [0, 0, 0]}  # [right, named so, injected]
+    truth, predicted, left = {}, {}, []
     for sync, eng in engines.items():
         (run_id,) = daemon.query("SELECT run_id FROM runs WHERE pid = ?", [eng["pid"]])[0]
         cov = daemon.query(
@@ -92,25 +101,40 @@ def test_gpu_waits_and_launch_storms_are_named(daemon, tmp_path):
         assert cov >= 1
         rows = daemon.query(
             "SELECT start_ns, cause, gpu_wait_ns, launch_ns, blocked_ns, cuda_launches, "
-            "cuda_sync_ns FROM step_attribution WHERE run_id = ? ORDER BY start_ns",
+            "cuda_sync_ns, excess_ns, coalesce(preempted_ns, 0) + coalesce(runq_ns, 0), "
+            "preemptor_comm FROM step_attribution WHERE run_id = ? ORDER BY start_ns",
             [run_id],
         )
         by_start = {r[0]: r for r in rows}
         assert len(rows) == STEPS
         for i, t0 in enumerate(eng["starts"]):
-            _, cause, gpu_wait, launch, blocked, launches, sync_ns = by_start[t0]
-            # every launch counted, summary rows pro-rated to the step
-            assert abs(launches - (4000 if i in STORM_STEPS else 20)) <= 1, (sync, i, launches)
-            for name, injected in (("gpu_wait", GPU_STEPS), ("launch", STORM_STEPS)):
-                hits[name][0] += cause == name and i in injected
-                hits[name][1] += cause == name
-                hits[name][2] += i in injected
+            _, cause, gpu_wait, _, blocked, launches, sync_ns, excess, competing, who = by_start[t0]
+            key = (sync, i)
+            predicted[key] = cause
+            # every launch counted, in its own step
+            assert launches == (STORM["launches"] if i in STORM_STEPS else 20), (key, launches)
             if i in GPU_STEPS:
-                assert cause != "blocked", (sync, i, rows[i])
-                assert sync_ns >= 20_000_000, (sync, i, sync_ns)
+                assert cause != "blocked", (key, by_start[t0])
+                # (a polling loop begins at its first query, once the GPU is busy)
+                assert sync_ns >= 20_000_000, (key, sync_ns)
                 if sync == "sleep":
                     # the sleep is the GPU's: not left in blocked
-                    assert (blocked or 0) < 0.1 * gpu_wait, (i, blocked, gpu_wait)
-    for name, (right, named, injected) in hits.items():
-        assert right / injected >= MIN_SCORE, f"{name} recall {right}/{injected}"
-        assert right / max(named, 1) >= MIN_SCORE, f"{name} precision {right}/{named}"
+                    assert (blocked or 0) < 0.1 * gpu_wait, (key, blocked, gpu_wait)
+            if i not in GPU_STEPS | STORM_STEPS:
+                continue
+            if competing >= (excess - competing) / 2:  # the machine's, not the injection's
+                left.append((key, competing // 10**6, who))
+                continue
+            truth[key] = "gpu_wait" if i in GPU_STEPS else "launch"
+    injected = len(GPU_STEPS | STORM_STEPS) * len(engines)
+    report = f"{len(left)} of {injected} injections left out for CPU contention: {left}"
+    assert len(left) <= 0.10 * injected, f"the machine was too busy to tell the causes: {report}"
+    for name in ("gpu_wait", "launch"):
+        mine = [k for k, v in truth.items() if v == name]
+        right = sum(predicted[k] == name for k in mine)
+        named = sum(predicted[k] == name for k in predicted)
+        wrong = {k: predicted[k] for k in mine if predicted[k] != name}
+        assert right / len(mine) >= MIN_SCORE, (
+            f"{name} recall {right}/{len(mine)} {wrong}; {report}"
+        )
+        assert right / max(named, 1) >= MIN_SCORE, f"{name} precision {right}/{named}; {report}"

@@ -158,7 +158,7 @@ class ProbeSettings:
         minimum=1,
     )
     cuda_poll_gap_us: float = _key(
-        2000.0,
+        10000.0,
         "CUDA driver probe: a polling loop (cuEventQuery/cuStreamQuery until done) ends when "
         "two queries are further apart than this, us",
         minimum=1,

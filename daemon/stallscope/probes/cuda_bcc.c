@@ -27,7 +27,7 @@
 #define FLUSH_NS 20000000
 #endif
 #ifndef POLL_GAP_NS
-#define POLL_GAP_NS 2000000
+#define POLL_GAP_NS 10000000
 #endif
 #ifndef MAX_TIDS
 #define MAX_TIDS 16384
