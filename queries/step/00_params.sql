@@ -45,5 +45,6 @@ SELECT
     -- a CUDA sync that returned within this of its thread's return to a CPU
     -- after a preemption may have been done while the thread was off CPU: that
     -- preemption stays preemption; earlier ones (the thread then waited on)
-    -- are GPU wait (step_components keep the value they were filled with)
-    coalesce(getvariable('step_cuda_sync_tail_ns'), 50000)::BIGINT     AS cuda_sync_tail_ns;
+    -- are GPU wait. Nanoseconds; ~50 us pass from a switch-in to the sync's
+    -- return on a loaded VM. step_components keep the value they were filled with.
+    coalesce(getvariable('step_cuda_sync_tail_ns'), 500000)::BIGINT    AS cuda_sync_tail_ns;

@@ -4,9 +4,11 @@ A real daemon (bcc sched probe, the CUDA driver probe attached for its life
 with --deep) traces three engines on the fake driver (tests/cuda/
 fake_libcuda.c, built here under the real driver's file name), one per way
 of waiting for the GPU: a spinning sync, a sleeping sync and a polling loop
-of cuEventQuery. Each engine's steps launch a few kernels and wait ~2 ms
-for the "GPU"; at known steps the GPU takes 25 ms longer (an injected long
-sync) or the step launches 300 kernels of 10 us each (a launch storm).
+of cuEventQuery. Each engine's steps launch a few kernels and wait ~20 ms
+for the "GPU" (long enough that the slow threshold, 1.2 x, lies above this
+machine's timer and wake-up jitter); at known steps the GPU takes 25 ms
+longer (an injected long sync) or the step launches 600 kernels of 10 us
+each (a launch storm).
 step_attribution must name those steps `gpu_wait` and `launch` with
 precision and recall of at least 0.95 over all engines, and a sleeping
 sync must never be called `blocked`. As in test_attribution_e2e.py, an
@@ -33,20 +35,20 @@ pytestmark = [pytest.mark.daemon, pytest.mark.privileged]
 
 ENGINE = Path(__file__).resolve().parents[1] / "cuda" / "cuda_engine.py"
 STEPS = 240
-GPU_STEPS = set(range(15, STEPS, 20))  # the GPU takes 25 ms longer
-# 300 launches of 10 us (~6 ms with the probe's cost), run under SCHED_FIFO:
+GPU_STEPS = set(range(15, STEPS, 10))  # the GPU takes 25 ms longer
+# 600 launches of 10 us (~12 ms with the probe's cost), run under SCHED_FIFO:
 # a busy shared machine (fair shares between sessions, whatever the nice
 # value) otherwise preempts half of any CPU burst of several ms at its
 # ticks, a competing cause as large that leaves the step out of the score
-STORM_STEPS = set(range(25, STEPS, 20))
-STORM = {"launches": 300, "launch_ns": 10_000, "fifo": True}
+STORM_STEPS = set(range(20, STEPS, 10))
+STORM = {"launches": 600, "launch_ns": 10_000, "fifo": True}
 MIN_SCORE = 0.95
 
 
 def plan(sync, start_file):
-    inject = {i: {"gpu_ns": 27_000_000} for i in GPU_STEPS}
+    inject = {i: {"gpu_ns": 45_000_000} for i in GPU_STEPS}
     inject.update({i: STORM for i in STORM_STEPS})
-    return {"steps": STEPS, "launches": 20, "gpu_ns": 2_000_000, "sync": sync,
+    return {"steps": STEPS, "launches": 20, "gpu_ns": 20_000_000, "sync": sync,
             "gap_s": 0.002, "inject": inject, "start_file": str(start_file)}  # fmt: skip
 
 
@@ -115,8 +117,9 @@ def test_gpu_waits_and_launch_storms_are_named(daemon, tmp_path):
             assert launches == (STORM["launches"] if i in STORM_STEPS else 20), (key, launches)
             if i in GPU_STEPS:
                 assert cause != "blocked", (key, by_start[t0])
-                # (a polling loop begins at its first query, once the GPU is busy)
-                assert sync_ns >= 20_000_000, (key, sync_ns)
+                # (a polling loop runs from its first query; a preemption of
+                # more than cuda_poll_gap_us between two queries splits it)
+                assert sync_ns >= (40_000_000 if sync != "poll" else 25_000_000), (key, sync_ns)
                 if sync == "sleep":
                     # the sleep is the GPU's: not left in blocked
                     assert (blocked or 0) < 0.1 * gpu_wait, (key, blocked, gpu_wait)
@@ -137,4 +140,7 @@ def test_gpu_waits_and_launch_storms_are_named(daemon, tmp_path):
         assert right / len(mine) >= MIN_SCORE, (
             f"{name} recall {right}/{len(mine)} {wrong}; {report}"
         )
-        assert right / max(named, 1) >= MIN_SCORE, f"{name} precision {right}/{named}; {report}"
+        others = sorted(k for k in predicted if predicted[k] == name and truth.get(k) != name)
+        assert right / max(named, 1) >= MIN_SCORE, (
+            f"{name} precision {right}/{named} (also named so: {others}); {report}"
+        )

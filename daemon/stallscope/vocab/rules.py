@@ -19,7 +19,7 @@ PREFILL_STAGE = "prefill"  # prompt processing: not a stall in the seed tables
 BASELINE_MIN_STEPS = 5  # smallest baseline group; smaller ones fall back
 WORK_BUCKETS_PER_OCTAVE = 4.0  # work buckets per doubling of spans.work
 LOCK_CHAIN_GAP_NS = 50_000  # a timed-out wait joins the lock wait that follows within this
-CUDA_SYNC_TAIL_NS = 50_000  # a sync ending this soon after a preemption: that one stays preemption
+CUDA_SYNC_TAIL_NS = 500_000  # a sync ending this soon after a preemption: that one stays preemption
 
 # Every cause step_attribution names, in precedence order (ties go to the
 # earlier): waits (off-CPU parts, and gpu_wait: the host waiting on the GPU,
