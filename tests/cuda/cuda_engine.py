@@ -6,7 +6,8 @@ monotonic ns around it): `load` (dlopen LIB now), `launch N [NAME]`,
 `sync NS spin|sleep [NAME]` (the GPU busy for NS, then a sync), `poll NS
 [NAME]` (busy for NS, then queries until done), `copy N [NAME]`,
 `pointer NAME N` (N launches through the pointer cuGetProcAddress gave),
-`quit`.
+`cost N NAME` ([wall, thread CPU] ns of N calls), `steps N L` (each step's
+wall ns, L launches and a sync per step), `quit`.
 
 `python cuda_engine.py steps SOCKET LIB PLAN` runs the plan (a JSON file)
 as steps traced by the probe client: each step launches `launches` kernels,
@@ -51,6 +52,28 @@ def serve(lib_path):
         elif cmd == "copy":
             for _ in range(int(args[0])):
                 cuda.copy(*args[1:2])
+        elif cmd == "cost":  # N calls of NAME: [wall ns, this thread's CPU ns]
+            fn, n = getattr(cuda.lib, args[1]), int(args[0])
+            args11 = (None, 1, 1, 1, 1, 1, 1, 0, None, None, None)
+            c0, w0 = time.thread_time_ns(), time.monotonic_ns()
+            if args[1].startswith("cuLaunchKernel"):
+                for _ in range(n):
+                    fn(*args11)
+            else:
+                for _ in range(n):
+                    fn(None)
+            print(json.dumps([time.monotonic_ns() - w0, time.thread_time_ns() - c0]), flush=True)
+            continue
+        elif cmd == "steps":  # N steps of L launches and a sync: [step wall ns, ...]
+            n, per = int(args[0]), int(args[1])
+            walls = []
+            for _ in range(n):
+                w0 = time.monotonic_ns()
+                cuda.launch(per)
+                cuda.sync()
+                walls.append(time.monotonic_ns() - w0)
+            print(json.dumps(walls), flush=True)
+            continue
         elif cmd == "pointer":
             import ctypes as ct
 
