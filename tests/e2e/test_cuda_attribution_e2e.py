@@ -43,6 +43,7 @@ GPU_STEPS = set(range(15, STEPS, 10))  # the GPU takes 25 ms longer
 STORM_STEPS = set(range(20, STEPS, 10))
 STORM = {"launches": 600, "launch_ns": 10_000, "fifo": True}
 MIN_SCORE = 0.95
+ENTRY_POINTS = len(fakecuda.LAUNCHES + fakecuda.SYNCS + fakecuda.QUERIES + fakecuda.COPIES)
 
 
 def plan(sync, start_file):
@@ -78,7 +79,7 @@ def run_engine(daemon, lib, sync, tmp_path):
     try:
         # its steps begin once the driver's entry points are attached in it
         assert wait_for(
-            lambda: f"pid {proc.pid}: 29 entry points attached" in daemon.read_log(), 30
+            lambda: f"pid {proc.pid}: {ENTRY_POINTS} entry points attached" in daemon.read_log(), 30
         ), daemon.read_log()[-2000:]
         start.touch()
         out, _ = proc.communicate(timeout=120)

@@ -33,9 +33,8 @@ from stallscope import threads
 from stallscope.probes import bpf_common
 from stallscope.probes.bpf_probe import BccTracepointProbe
 from stallscope.probes.cpu_elf import MapsSymbolizer, _Module
-from stallscope.vocab.log_channels import log_channel
 
-log = logging.getLogger(log_channel(__name__))
+log = logging.getLogger(__name__)
 
 _KINDS = bpf_common.header_defines("cuda_bcc.h", "CU_KIND_")
 KIND_NAMES = {
