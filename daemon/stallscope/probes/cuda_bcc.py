@@ -124,6 +124,9 @@ class BccCudaProbe(BccTracepointProbe):
         self._names = {}  # (pid, ip) -> entry point name
         self._scan_stop = threading.Event()
         self._scanner = None
+        self._closer = None  # the thread closing detached uprobes (slow: see _closing)
+        self._to_close = []  # (bcc event name, perf event fd) waiting for it
+        self._close_lock = threading.Lock()
         self.attach_errors = 0
 
     def cflags(self):
@@ -148,8 +151,10 @@ class BccCudaProbe(BccTracepointProbe):
             self._scanner.join()
             self._scanner = None
         with self._ulock:
+            events = []
             for pid in list(self._libs):
-                self._detach_pid(pid)
+                events += self._take_events(pid)
+            self._closing(events, wait=True)
         super().stop()
 
     # -- which processes, which library ----------------------------------------------
@@ -213,7 +218,7 @@ class BccCudaProbe(BccTracepointProbe):
                 self._set_idle(pid, f"{path} exports none of the probed entry points")
                 return
             self._idle.pop(pid, None)
-            self._libs[pid] = {"path": path, "points": points, "attached": []}
+            self._libs[pid] = {"path": path, "points": points, "attached": [], "events": []}
             log.info("cuda probe: pid %d maps %s (%d entry points)", pid, path, len(points))
             if self._attached:
                 self._attach_pid(pid)
@@ -249,6 +254,7 @@ class BccCudaProbe(BccTracepointProbe):
         for name, fn in sorted(lib["points"].items()):
             if name in lib["attached"]:
                 continue
+            before = set(self._bpf.uprobe_fds)
             try:
                 self._bpf.attach_uprobe(name=path, sym=name.encode(), fn_name=fn.encode(), pid=pid)
                 try:
@@ -263,26 +269,68 @@ class BccCudaProbe(BccTracepointProbe):
                 log.warning("cuda probe: cannot attach %s in pid %d: %s", name, pid, exc)
                 continue
             lib["attached"].append(name)
+            # bcc's event names, to detach by: resolving the symbol again
+            # fails once the process is gone
+            lib["events"] += [e for e in self._bpf.uprobe_fds if e not in before]
         log.info("cuda probe: pid %d: %d entry points attached", pid, len(lib["attached"]))
 
-    def _detach_pid(self, pid):
+    def _take_events(self, pid):
+        """The bcc events of `pid`'s uprobes, forgotten as attached."""
         lib = self._libs.get(pid)
-        if lib is None or self._bpf is None:
-            return
-        path = lib["path"].encode()
-        for name in lib["attached"]:
-            for detach in (self._bpf.detach_uprobe, self._bpf.detach_uretprobe):
-                try:
-                    detach(name=path, sym=name.encode(), pid=pid)
-                except Exception as exc:  # the process is gone: nothing to stop
-                    log.debug("cuda probe: detach %s in pid %d: %s", name, pid, exc)
-        lib["attached"] = []
+        if lib is None:
+            return []
+        events, lib["events"], lib["attached"] = lib["events"], [], []
+        return events
+
+    def _detach_pid(self, pid):
+        if self._bpf is not None:
+            self._closing(self._take_events(pid))
+
+    def _closing(self, events, wait=False):
+        """Detach `events`: forgotten by bcc here, their perf events closed
+        by one background thread, in order (each close costs the kernel a
+        grace period, ~0.1 s on this VM, and they do not overlap), so the
+        caller (the daemon's loop, ingest) never waits for it unless `wait`.
+        The program is gated by the `tracked` map, so a uprobe not yet
+        closed records nothing."""
+        with self._close_lock:
+            for ev in events:
+                fd = self._bpf.uprobe_fds.get(ev)
+                if fd is not None:
+                    self._bpf._del_uprobe_fd(ev)
+                    self._to_close.append((ev, fd))
+            if self._to_close and self._closer is None:
+                self._closer = threading.Thread(
+                    target=self._close_events, name="stallscope-cuda-detach", daemon=True
+                )
+                self._closer.start()
+            closer = self._closer
+        if wait and closer is not None:
+            closer.join()
+
+    def _close_events(self):
+        from bcc import lib as bcc_lib
+
+        threads.background("cuda-detach")
+        while True:
+            with self._close_lock:
+                if not self._to_close:
+                    self._closer = None
+                    return
+                ev, fd = self._to_close.pop(0)
+            try:
+                bcc_lib.bpf_close_perf_event_fd(fd)
+                bcc_lib.bpf_detach_uprobe(ev)
+            except Exception as exc:  # already gone: nothing to stop
+                log.debug("cuda probe: detach %s: %s", ev, exc)
 
     def attach(self):
         if self._bpf is None or self._attached:
             return
         with self._ulock:
             self._attached = True
+            for pid in list(self._tracked):
+                self._load_tracked(pid)
             for pid in list(self._libs):
                 self._attach_pid(pid)
             self._report()
@@ -291,9 +339,14 @@ class BccCudaProbe(BccTracepointProbe):
         if self._bpf is None or not self._attached:
             return
         with self._ulock:
+            # nothing is recorded from here on: the program's filter is empty
+            # while the uprobes are closed behind it
+            self._bpf[b"tracked"].clear()
+            events = []
             for pid in list(self._libs):
-                self._detach_pid(pid)
+                events += self._take_events(pid)
             self._attached = False
+            self._closing(events)
         # calls in flight at the detach must not pair with a return seen
         # after the next attach
         self._bpf[b"inflight"].clear()
