@@ -1,11 +1,12 @@
 # The two commands a new user needs: `make demo` and `make test`.
 # Both set up what they need first (scripts/bootstrap.sh, idempotent).
-.PHONY: demo test test-fast test-pythons lint bootstrap bench bench-check clean protos install uninstall faults fleet
+.PHONY: demo test test-engines test-engines-only test-fast test-pythons lint bootstrap bench bench-check clean protos install uninstall faults fleet
 
 PYTEST_ARGS ?=
 # builtin: the seed-shaped scenario engine; transformers: HF transformers'
 # continuous batching on torch CPU (the bootstrap then installs the engines
-# extra, ~1 min the first time).
+# extra, ~1 min the first time); vllm: vLLM's CPU build, engine core and
+# worker processes (the bootstrap installs the vllm extra, ~2-4 min).
 DEMO_ENGINE ?= builtin
 # DEMO_AB=1: the builtin engine twice, as is and with gc.freeze() after
 # warm-up, then `stallscope compare --arm` of the two.
@@ -15,15 +16,30 @@ bootstrap:
 	@scripts/bootstrap.sh
 
 demo:
-	@STALLSCOPE_ENGINES=$(if $(filter transformers,$(DEMO_ENGINE)),1,$(STALLSCOPE_ENGINES)) scripts/bootstrap.sh
+	@STALLSCOPE_ENGINES=$(if $(filter transformers,$(DEMO_ENGINE)),1,$(STALLSCOPE_ENGINES)) \
+		STALLSCOPE_VLLM=$(if $(filter vllm,$(DEMO_ENGINE)),1,$(STALLSCOPE_VLLM)) scripts/bootstrap.sh
 	.venv/bin/stallscope demo --engine $(DEMO_ENGINE) $(if $(filter 1,$(DEMO_AB)),--ab) $(DEMO_ARGS)
 
 # Lint and format check first (ruff, pinned in the test extra; config in
 # pyproject.toml), then the suite.
 LINT_PATHS = daemon probe_client tests bench scripts
 
+# The suite without the real-engine tests, then those (make test-engines).
 test: bootstrap lint
-	.venv/bin/python -m pytest $(PYTEST_ARGS)
+	.venv/bin/python -m pytest --ignore=tests/engines $(PYTEST_ARGS)
+	@$(MAKE) --no-print-directory test-engines-only
+
+# The real-engine tests alone (tests/engines: HF transformers, vLLM's CPU
+# build; ~2 min here, most of it vLLM's start-up): the engines and vllm
+# extras are installed first. A missing extra is a skip, a failure with
+# STALLSCOPE_REQUIRE_ENGINES=1 / STALLSCOPE_REQUIRE_VLLM=1 (as in CI).
+test-engines:
+	@STALLSCOPE_ENGINES=1 STALLSCOPE_VLLM=1 scripts/bootstrap.sh
+	@$(MAKE) --no-print-directory test-engines-only
+
+# (pytest's closing line is their time, apart from the rest's)
+test-engines-only:
+	.venv/bin/python -m pytest tests/engines $(PYTEST_ARGS)
 
 # What needs no daemon process and no root (tests/helpers/markers.py enforces
 # the markers), on both cores (nothing timing-sensitive is in it): about two

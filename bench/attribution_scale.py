@@ -14,10 +14,13 @@ steps), `recompute` (the same views with `step_components_table = false`:
 every step from the source tables) and, with --versus, another queries/
 directory (e.g. the views before step_components: `git archive <commit>
 queries | tar -x -C /tmp/old`). It measures; it asserts nothing about time,
-and warns if the three give different rows.
+and warns if the three give different rows. With --groups the runs come in
+pairs of one run group (runs.group_key), the second of each pair a worker
+whose every step starts 0.3 ms inside the first's step and ends before it
+(what step_attribution's peer spans match): the cost of that join.
 
     .venv/bin/python bench/attribution_scale.py [--scales 0.1,0.25,1] [--repeat 3]
-        [--versus DIR] [--no-fill]
+        [--versus DIR] [--no-fill] [--groups]
 
 Wall time depends on what else runs on the machine; CPU time (all threads of
 this process) much less, so both are printed.
@@ -43,7 +46,7 @@ STEP_NS = 5_000_000
 RUNS = 10
 
 
-def make_tables(scale, seed=1):
+def make_tables(scale, seed=1, groups=False):
     rng = np.random.default_rng(seed)
     n_steps = int(1_000_000 * scale)
     n_off = int(10_000_000 * scale)
@@ -62,6 +65,11 @@ def make_tables(scale, seed=1):
         sl = slice(r * per_run, (r + 1) * per_run)
         t[sl] = 10**12 * (r + 1) + np.cumsum(dur[sl] + gap[sl]) - (dur[sl] + gap[sl])
     start, end = t, t + dur
+    if groups:  # odd runs: the peer (worker) of the run before, inside each of its steps
+        for r in range(1, RUNS, 2):
+            sl, drv = slice(r * per_run, (r + 1) * per_run), slice((r - 1) * per_run, r * per_run)
+            start[sl] = start[drv] + 300_000
+            end[sl] = end[drv] - rng.integers(10_000, 200_000, per_run)
     stages = np.array(["prefill", "prelude", "recurrent", "coda"])
     stage = stages[rng.integers(0, 4, n_steps)]
     batch = rng.integers(1, 9, n_steps).astype(np.int32)
@@ -87,6 +95,7 @@ def make_tables(scale, seed=1):
             "run_id": np.arange(1, RUNS + 1),
             "pid": (np.arange(1, RUNS + 1) * 10 + 1000).astype(np.int32),
             "label": [f"run_{i:02d}" for i in range(1, RUNS + 1)],
+            "group_key": [f"g{(i - 1) // 2}" if groups else None for i in range(1, RUNS + 1)],
         }
     )
     # off-CPU: 70% on the step thread, inside random steps; the rest elsewhere
@@ -172,6 +181,8 @@ def make_tables(scale, seed=1):
 QUERY = """SELECT count(*), count(cause), sum(gc_ns), sum(preempted_ns), sum(blocked_ns),
                   sum(runq_ns), sum(migrations), sum(submit_excess_ns), sum(gpu_clock_ns)
            FROM step_attribution"""
+# How many steps matched a peer span (the views of this release; 0 before).
+PEERS = "SELECT count(*) FILTER (peers > 0), count(*) FILTER (cause = 'peer') FROM step_attribution"
 
 
 def load_views(con, queries_dir):
@@ -226,6 +237,7 @@ def main():
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--versus", default=None, help="another queries/ directory to time alongside")
     ap.add_argument("--no-fill", action="store_true", help="leave step_components empty")
+    ap.add_argument("--groups", action="store_true", help="runs in pairs of one run group")
     args = ap.parse_args()
     print(
         f"machine: {platform.machine()}, {os.cpu_count()} CPUs, duckdb {duckdb.__version__}, "
@@ -238,7 +250,7 @@ def main():
     )
     print("|---|---|---|---|---|---|---|---|---|")
     for scale in [float(s) for s in args.scales.split(",")]:
-        tables = make_tables(scale)
+        tables = make_tables(scale, groups=args.groups)
         con = duckdb.connect()
         apply_schema(con)
         for name, tbl in tables.items():
@@ -264,8 +276,12 @@ def main():
                 con.execute("RESET VARIABLE step_components_table")
                 results[v].append((wall, cpu))
                 rows[v] = row
-        if len(set(rows.values())) > 1:
+        if len(set(rows.values())) > 1:  # expected with --groups against older views
             print(f"WARNING: results differ: {rows}")
+        if args.groups:
+            load_views(con, None)
+            matched, peer = con.execute(PEERS).fetchone()
+            print(f"steps with a peer span: {matched:,}; cause peer: {peer:,}", flush=True)
         for v, _ in variants:
             walls = [w for w, _ in results[v]]
             cpus = [c for _, c in results[v]]

@@ -36,8 +36,11 @@ def rows(text):
             continue
         if set(line.replace("|", "").strip()) <= {"-", " "}:
             continue
-        get = lambda name: cells[header[name]] if header[name] < len(cells) else ""  # noqa: E731
-        out.append((get("what"), get("measured"), get("covers")))
+        picked = [
+            cells[header[n]] if header[n] < len(cells) else ""
+            for n in ("what", "measured", "covers")
+        ]
+        out.append(tuple(picked))
     return out
 
 

@@ -15,9 +15,11 @@ into the engine or runs on its hot path; the hook only looks at module
 names until one of ours is imported. Standard library only.
 """
 
+import functools
 import os
 import sys
 import threading
+import types
 
 from . import _expr, _gcknobs, _specs
 from ._probe import Probe
@@ -30,6 +32,10 @@ CHECKED_ENV = "STALLSCOPE_RUN_CHECKED"  # the wrapper already said whether a dae
 VERBOSE_ENV = "STALLSCOPE_VERBOSE"
 PARENT_ENV = "_STALLSCOPE_PARENT"  # "PID:LABEL" of the traced process that started us
 SPEC_ERRORS_ENV = "_STALLSCOPE_SPEC_ERRORS"  # bad TOML entries the wrapper found, one a line
+# A spec's `role` (plain text, not an EXPR: "engine core", "worker") is no
+# attach() keyword: once its target is attached, the process reports it as a
+# `role` run event.
+ROLE_KEY = "role"
 EXPR_KEYWORDS = (
     "stage",
     "batch",
@@ -170,13 +176,42 @@ class Hooks:
             self._attach(spec, module)
 
     def _attach(self, spec, module):
+        keywords = dict(spec.keywords)
+        role = keywords.pop(ROLE_KEY, None)
         try:
-            wrapper = self.probe.attach(module, spec.path, kind=spec.kind, **spec.keywords)
+            wrapper = self.probe.attach(module, spec.path, kind=spec.kind, **keywords)
         except Exception as exc:
             self.report("attach_failed", spec.text, _why(exc, spec))
             return
         self.attached.append((spec, wrapper))
         self.report("attached", spec.text, f"attached to {spec.target} as {spec.kind!r}")
+        if role:
+            self._role_on_first_call(module, spec, wrapper, role.strip()[:40])
+
+    def _role_on_first_call(self, module, spec, wrapper, role):
+        """Report `role` (the process's part in its run group) when the
+        wrapped method first runs in this process: every process of an
+        engine imports the module, only one plays the part. A one-shot shim
+        stands in for the wrapper until that call and puts the wrapper back,
+        so later calls cost nothing more."""
+        owner = module
+        *outer, name = spec.path.split(".")
+        for part in outer:
+            owner = getattr(owner, part, None)
+        if not isinstance(owner, type) or owner.__dict__.get(name) is not wrapper:
+            return
+        if not isinstance(wrapper, types.FunctionType):
+            return
+        hooks = self
+
+        @functools.wraps(wrapper)
+        def first_call(*args, **kwargs):
+            if owner.__dict__.get(name) is first_call:
+                setattr(owner, name, wrapper)
+                hooks.report("role", "", role)
+            return wrapper(*args, **kwargs)
+
+        setattr(owner, name, first_call)
 
     def never_imported(self):
         """At exit: the specs whose module this process never imported."""

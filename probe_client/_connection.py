@@ -195,6 +195,11 @@ class Connection:
             "census": self._census is not None,
             "gc_knobs": self._gc_knobs,
             "pythreads": self._pythreads_on,  # sends PYLAYOUT / PYTHREADS (wire v3)
+            # run groups (the daemon checks the parent against the kernel's ppid chain)
+            "parent_pid": _parent_pid(),
+            "group": os.environ.get("STALLSCOPE_GROUP") or None,
+            "rank": _rank(),
+            "hang_threshold_ms": _hang_threshold_ms(),  # the run's own hang threshold
         }
         data = json.dumps(info, separators=(",", ":")).encode()[: wire.HELLO_MAX]
         return bytes(self._header(wire.DGRAM_HELLO, 0, now_mono)) + data
@@ -208,3 +213,34 @@ class Connection:
                 sock.close()
             except OSError:
                 pass
+
+
+def _parent_pid():
+    """The traced process that started this one, as `stallscope run`'s
+    sitecustomize handed it down ("PID:LABEL" in _STALLSCOPE_PARENT), or None."""
+    pid = os.environ.get("_STALLSCOPE_PARENT", "").partition(":")[0]
+    if not pid.isdigit() or int(pid) == os.getpid():
+        return None
+    return int(pid)
+
+
+def _rank():
+    """$STALLSCOPE_RANK, else $RANK (torchrun, ray), as an int, or None."""
+    for name in ("STALLSCOPE_RANK", "RANK"):
+        text = os.environ.get(name, "").strip()
+        if text.isdigit():
+            return int(text)
+    return None
+
+
+HANG_THRESHOLD_ENV = "STALLSCOPE_RUN_HANG_THRESHOLD_MS"
+
+
+def _hang_threshold_ms():
+    """This run's hang threshold from the environment (ms), None when unset or
+    not a number (the daemon's threshold applies; it bounds the value)."""
+    text = os.environ.get(HANG_THRESHOLD_ENV)
+    try:
+        return float(text) if text else None
+    except ValueError:
+        return None

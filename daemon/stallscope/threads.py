@@ -12,11 +12,14 @@ says which of two roles it has, first thing when it starts:
   1,024 when both want one CPU. SCHED_BATCH at nice 19 also never preempts
   on waking, but weighs 15 and is not treated as an idle CPU by the waking
   engine, so SCHED_IDLE is the stronger of the two.
-- `paced(name)`: work that must keep pace with the engine (the probe
-  socket: a client's socket must not fill). It runs under SCHED_BATCH at
-  nice 0: a full share of a CPU when it needs one, but, like idle tasks, it
-  never preempts a running thread on waking; a datagram that wakes it
-  waits for the engine's next sleep or the next tick. It is kept cheap.
+- `paced(name, backlog)`: work that must keep pace with the engine (the
+  probe socket: a client's socket must not fill). Where the daemon may
+  raise a thread again (`can_raise()`), it runs at idle priority while its
+  backlog gauge says it keeps up and under SCHED_BATCH at nice 0 while it
+  does not; elsewhere it is a batch thread throughout. A batch thread gets
+  a full share of a CPU but, once it has run a tick, the kernel's fair
+  share preempts a busy engine thread for it: on two busy CPUs that was
+  the daemon's last preemptor of the engine (tests/store/test_observer.py).
   Threads that say nothing (DuckDB's, Arrow's, gRPC's) are moved to idle
   priority by `sweep()`, which the main loop calls.
 
@@ -38,7 +41,9 @@ returned reasons, never exceptions into the caller's loop.
 import logging
 import os
 import queue
+import resource
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 from stallscope.vocab.log_channels import log_channel
@@ -46,7 +51,10 @@ from stallscope.vocab.log_channels import log_channel
 SCHED_IDLE = getattr(os, "SCHED_IDLE", 5)
 SCHED_OTHER = getattr(os, "SCHED_OTHER", 0)
 SCHED_BATCH = getattr(os, "SCHED_BATCH", 3)
-BACKGROUND, PACED = "background", "paced"
+BACKGROUND, PACED, SERVING = "background", "paced", "serving"
+# A serving thread's nice: 0, a fair share like the user's own commands (at
+# nice 10 a query still waited 2 s median on a host at load 7).
+SERVING_NICE = 0
 POLICY_NAMES = {SCHED_OTHER: "other", SCHED_IDLE: "idle", SCHED_BATCH: "batch"}
 BOOST_REFUSED = (
     "cannot raise a background thread back to normal priority (needs CAP_SYS_NICE, "
@@ -55,6 +63,14 @@ BOOST_REFUSED = (
 )
 
 BOOST_ABOVE, UNBOOST_BELOW = 0.5, 0.25  # backlog fractions
+_CAP_SYS_NICE = 23
+# A paced thread waiting this long for a CPU per wake-up, on average, counts
+# as a full backlog (raised above half: 10 ms; lowered below 5 ms). Idle
+# priority waited 1.4 ms median, 185 ms p99 on two CPUs at load 8; batch
+# 2 ms and 37 ms.
+WAIT_FULL_MS = 20
+WAIT_WINDOW_S = 0.5
+WAIT_HOLD_S = 10
 log = logging.getLogger(log_channel(__name__))
 
 _lock = threading.Lock()
@@ -86,17 +102,125 @@ def background(name, backlog=None):
     return _apply_cpus(tid)
 
 
-def paced(name):
-    """Make the calling thread one that keeps pace (SCHED_BATCH, nice 0);
-    returns None, or the reason it stays as it was."""
+def serving(name):
+    """Make the calling thread one that answers a waiting user (the API's
+    queries and status, a metrics scrape): SCHED_BATCH at nice SERVING_NICE.
+    At idle priority a request waited seconds on a host whose CPUs nice-0
+    work fills (bench/query_under_hog.py); as a batch thread it never
+    preempts on waking and, while it runs, takes a fair share of a CPU, as
+    the user's own command would: the engine pays at most the request's CPU
+    time, only while it runs. Returns None, or the reason it stays as it was
+    (leaving idle priority needs what boost() needs)."""
+    return serve_tid(_tid(), name)
+
+
+def serve_tid(tid, name):
+    """serving() for thread `tid` of this process (a library's server thread;
+    the threads it starts inherit the policy)."""
+    with _lock:
+        _threads[tid] = {"name": name, "role": SERVING, "boosted": False, "backlog": None}
+    try:
+        os.setpriority(os.PRIO_PROCESS, tid, SERVING_NICE)
+        os.sched_setscheduler(tid, SCHED_BATCH, os.sched_param(0))
+    except (OSError, AttributeError) as exc:
+        return f"{name}: stays as it was, not a batch thread at nice {SERVING_NICE}: {exc}"
+    return _apply_cpus(tid)
+
+
+def can_raise():
+    """Whether this process may move a thread from idle priority back to nice
+    0 (the kernel asks for CAP_SYS_NICE or an RLIMIT_NICE of at least 20,
+    which is what the unit's LimitNICE=+0 sets), without trying it."""
+    try:
+        soft, _ = resource.getrlimit(resource.RLIMIT_NICE)
+        if soft == resource.RLIM_INFINITY or soft >= 20:
+            return True
+        with open("/proc/self/status") as f:
+            caps = next(ln for ln in f if ln.startswith("CapEff:"))
+        return bool(int(caps.split()[1], 16) & (1 << _CAP_SYS_NICE))
+    except (OSError, ValueError, StopIteration, AttributeError):
+        return False
+
+
+def paced(name, backlog=None):
+    """Make the calling thread one that keeps pace: at idle priority while
+    `backlog()` (the fraction of what it can fall behind by, as for
+    background threads) says it keeps up, raised to SCHED_BATCH at nice 0
+    by `check_backlogs()`/`check_paced()` while it does not; a batch thread
+    throughout when there is no gauge or raising is not permitted (it could
+    not come back). Returns None, or the reason it stays as it was."""
+    tid = _tid()
+    idle_until_behind = backlog is not None and can_raise()
+    gauge = None
+    if idle_until_behind:
+        waits = _WaitShare(tid)
+        gauge = lambda: max(backlog(), waits.level())  # noqa: E731
+    with _lock:
+        _threads[tid] = {
+            "name": name,
+            "role": PACED,
+            "boosted": False,
+            "backlog": gauge,
+            "raise_to": SCHED_BATCH,
+        }
+    policy = SCHED_IDLE if idle_until_behind else SCHED_BATCH
+    try:
+        os.sched_setscheduler(0, policy, os.sched_param(0))
+    except (OSError, AttributeError) as exc:
+        return f"{name}: cannot run as a {POLICY_NAMES[policy]} thread: {exc}"
+    return _apply_cpus(tid)
+
+
+class _WaitShare:
+    """How long a thread waits for a CPU each time it wakes (runnable, not
+    running: /proc/self/task/TID/schedstat), as a gauge level: at idle
+    priority a reader gets a CPU at once while the CPUs have time to spare,
+    and waits up to hundreds of milliseconds while nice-0 work fills them
+    all (a CPU hog), when it must be a batch thread again to keep pace. The
+    mean wait per wake-up over windows of at least WAIT_WINDOW_S, against
+    WAIT_FULL_MS; once it was high, the level stays in the band between
+    lowering and raising for WAIT_HOLD_S, so that a thread raised because
+    the CPUs are full does not drop back each time raising helped. An
+    unreadable schedstat reads as contended."""
+
+    def __init__(self, tid):
+        self.path = f"/proc/self/task/{tid}/schedstat"
+        self.last = None  # (wall ns, wait ns, time slices)
+        self.value = 1.0
+        self.hold_until = 0
+
+    def level(self):
+        now = time.monotonic_ns()
+        try:
+            with open(self.path) as f:
+                _, wait, slices = (int(x) for x in f.read().split()[:3])
+        except (OSError, ValueError):
+            return 1.0
+        if self.last is None:
+            self.last = (now, wait, slices)
+            return self.value
+        if now - self.last[0] >= WAIT_WINDOW_S * 1e9:
+            woke = slices - self.last[2]
+            per_wake = (wait - self.last[1]) / woke if woke > 0 else 0.0
+            self.value = per_wake / (WAIT_FULL_MS * 1e6)
+            self.last = (now, wait, slices)
+            if self.value > BOOST_ABOVE:
+                self.hold_until = now + int(WAIT_HOLD_S * 1e9)
+        if now < self.hold_until:
+            return max(self.value, (BOOST_ABOVE + UNBOOST_BELOW) / 2)
+        return self.value
+
+
+def check_paced():
+    """check_backlogs() for the calling paced thread alone: cheap enough for
+    every round of the main loop, so a burst raises it at once instead of at
+    the next housekeeping tick."""
     tid = _tid()
     with _lock:
-        _threads[tid] = {"name": name, "role": PACED, "boosted": False, "backlog": None}
-    try:
-        os.sched_setscheduler(0, SCHED_BATCH, os.sched_param(0))
-    except (OSError, AttributeError) as exc:
-        return f"{name}: cannot run as a batch thread: {exc}"
-    return _apply_cpus(tid)
+        info = _threads.get(tid)
+    if info is None or info["backlog"] is None:
+        return
+    _check(tid, info)
 
 
 def boost(tid=None):
@@ -105,10 +229,12 @@ def boost(tid=None):
     tid = tid or _tid()
     with _lock:
         info = _threads.get(tid)
-        if info is None or info["role"] != BACKGROUND or info["boosted"]:
-            return bool(info and info["boosted"])
+        if info is None or info["backlog"] is None and info["role"] != BACKGROUND:
+            return False
+        if info["boosted"]:
+            return True
     try:
-        os.sched_setscheduler(tid, SCHED_OTHER, os.sched_param(0))
+        os.sched_setscheduler(tid, info.get("raise_to", SCHED_OTHER), os.sched_param(0))
     except OSError:
         with _lock:
             _state["boost_refused"] += 1
@@ -151,24 +277,35 @@ def check_backlogs():
         items = [(tid, info) for tid, info in _threads.items() if info["backlog"] is not None]
     boosted = []
     for tid, info in items:
-        try:
-            level = float(info["backlog"]())
-        except Exception:
-            continue  # a gauge whose object went away reads as no backlog
-        if level > BOOST_ABOVE and not info["boosted"]:
-            if boost(tid):
-                boosted.append(info["name"])
-                log.info(
-                    "%s fell behind (%.0f%% of its bound): raised to normal priority",
-                    info["name"],
-                    100 * level,
-                )
-            elif _state["boost_refused"] == 1:
-                log.warning("%s fell behind: %s", info["name"], BOOST_REFUSED)
-        elif level < UNBOOST_BELOW and info["boosted"]:
-            unboost(tid)
-            log.info("%s caught up: back to idle priority", info["name"])
+        if _check(tid, info):
+            boosted.append(info["name"])
     return boosted
+
+
+def _check(tid, info):
+    """Raise or lower one thread by its gauge; True when raised now."""
+    try:
+        level = float(info["backlog"]())
+    except Exception:
+        return False  # a gauge whose object went away reads as no backlog
+    # The paced reader goes up and down with its clients' traffic, often:
+    # its moves are debug lines (counted in snapshot()'s boosts).
+    say = log.debug if info["role"] == PACED else log.info
+    if level > BOOST_ABOVE and not info["boosted"]:
+        if boost(tid):
+            say(
+                "%s fell behind (%.0f%% of its bound): raised to %s priority",
+                info["name"],
+                100 * level,
+                "batch" if info.get("raise_to") == SCHED_BATCH else "normal",
+            )
+            return True
+        if _state["boost_refused"] == 1:
+            log.warning("%s fell behind: %s", info["name"], BOOST_REFUSED)
+    elif level < UNBOOST_BELOW and info["boosted"]:
+        unboost(tid)
+        say("%s caught up: back to idle priority", info["name"])
+    return False
 
 
 def sweep(keep=()):
@@ -182,7 +319,7 @@ def sweep(keep=()):
     moved = 0
     for tid in _task_ids():
         info = known.get(tid)
-        if tid == main or tid in keep or (info and info["role"] == PACED):
+        if tid == main or tid in keep or (info and info["role"] in (PACED, SERVING)):
             continue
         if info and info["boosted"]:
             continue
@@ -288,11 +425,11 @@ class BackgroundPool:
     callers that must stay at normal priority themselves (a gRPC handler
     thread that also serves live streams)."""
 
-    def __init__(self, name, workers):
+    def __init__(self, name, workers, role=BACKGROUND):
         self._pool = ThreadPoolExecutor(
             max_workers=workers,
             thread_name_prefix=name,
-            initializer=background,
+            initializer=serving if role == SERVING else background,
             initargs=(name,),
         )
 

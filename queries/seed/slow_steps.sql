@@ -30,6 +30,8 @@ WITH a AS (
         count(*) FILTER (cause = 'gpu_wait') AS cause_gpu_wait,
         count(*) FILTER (cause = 'launch') AS cause_launch,
         count(*) FILTER (cause = 'uncovered') AS cause_uncovered,
+        count(*) FILTER (cause = 'code') AS cause_code,
+        count(*) FILTER (cause = 'cpu_slow') AS cause_cpu_slow,
         count(*) FILTER (idle) AS idle_steps
     FROM step_attribution
     GROUP BY run_id, stage, batch
@@ -44,7 +46,7 @@ SELECT
     excess_ns,                                           -- total excess of the slow steps, ns
     submit_excess_ns,                                    -- of which inside submit (per step at most its excess), ns
     round(submit_excess_ns / nullif(excess_ns, 0), 4) AS submit_share, -- submit_excess_ns / excess_ns, 0..1
-    CASE greatest(cause_gc, cause_gpu_wait, cause_lock, cause_peer, cause_runqueue, cause_throttled, cause_preemption, cause_blocked, cause_irq, cause_steal, cause_page_fault, cause_syscall, cause_migration, cause_launch, cause_submit, cause_gpu_clock, cause_uncovered, cause_unexplained)
+    CASE greatest(cause_gc, cause_gpu_wait, cause_lock, cause_peer, cause_runqueue, cause_throttled, cause_preemption, cause_blocked, cause_irq, cause_steal, cause_page_fault, cause_syscall, cause_migration, cause_launch, cause_code, cause_submit, cause_gpu_clock, cause_cpu_slow, cause_uncovered, cause_unexplained)
         WHEN 0 THEN NULL
         WHEN cause_gc THEN 'gc'
         WHEN cause_gpu_wait THEN 'gpu_wait'
@@ -60,8 +62,10 @@ SELECT
         WHEN cause_syscall THEN 'syscall'
         WHEN cause_migration THEN 'migration'
         WHEN cause_launch THEN 'launch'
+        WHEN cause_code THEN 'code'
         WHEN cause_submit THEN 'submit'
         WHEN cause_gpu_clock THEN 'gpu_clock'
+        WHEN cause_cpu_slow THEN 'cpu_slow'
         WHEN cause_uncovered THEN 'uncovered'
         ELSE 'unexplained'
     END AS top_cause,        -- most frequent cause among the slow steps (ties: the precedence order)
@@ -83,5 +87,7 @@ SELECT
     cause_uncovered,       -- slow steps whose cause is uncovered
     cause_gpu_wait,        -- slow steps whose cause is gpu_wait
     cause_launch,          -- slow steps whose cause is launch
+    cause_code,            -- slow steps whose cause is code
+    cause_cpu_slow,        -- slow steps whose cause is cpu_slow
     idle_steps               -- idle steps (never slow)
 FROM a;

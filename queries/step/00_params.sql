@@ -47,4 +47,24 @@ SELECT
     -- preemption stays preemption; earlier ones (the thread then waited on)
     -- are GPU wait. Nanoseconds; ~50 us pass from a switch-in to the sync's
     -- return on a loaded VM. step_components keep the value they were filled with.
-    coalesce(getvariable('step_cuda_sync_tail_ns'), 500000)::BIGINT    AS cuda_sync_tail_ns;
+    coalesce(getvariable('step_cuda_sync_tail_ns'), 500000)::BIGINT    AS cuda_sync_tail_ns,
+    -- A step waited for a span of another process of its run group (a
+    -- peer span: step_attribution.peer_*) when that span started inside the
+    -- step and the step ended at most peer_end_gap_ns (nanoseconds) plus
+    -- peer_end_gap_share (0..1) of the peer's time inside the step after
+    -- it ended: a poller that waited long backs off (vLLM's shared-memory
+    -- queue sleeps between polls) or loses its CPU meanwhile, so it notices
+    -- a long peer span's end later.
+    coalesce(getvariable('step_peer_end_gap_ns'), 1000000)::BIGINT      AS peer_end_gap_ns,
+    coalesce(getvariable('step_peer_end_gap_share'), 0.1)::DOUBLE       AS peer_end_gap_share,
+    -- A frame of a step's CPU profile holds more than its baseline share of
+    -- the step's samples when a one-sided test rejects at this many standard
+    -- deviations (4.265: level 1e-5 per frame, so under 0.1% per step of up
+    -- to 100 frames; see step_profile and the `code` cause).
+    coalesce(getvariable('step_code_z'), 4.265)::DOUBLE                 AS code_z,
+    -- `cpu_slow` needs the samples to have had at least this chance (0..1)
+    -- of finding a localized excess of half the step's excess...
+    coalesce(getvariable('step_cpu_slow_power'), 0.9)::DOUBLE           AS cpu_slow_power,
+    -- ... in a frame holding this share (0..1) of a normal step's samples
+    -- (a larger frame that grows looks like a slower CPU: docs/queries.md).
+    coalesce(getvariable('step_cpu_slow_ref_share'), 0.1)::DOUBLE       AS cpu_slow_ref_share;

@@ -60,9 +60,12 @@ FROM _step s, _step_bucket b;
 -- the daemon: store/step_fill.py), where this session may use it: the
 -- table is on (SET VARIABLE step_components_table = false turns it off:
 -- every step is then computed from the source tables), the row was computed
--- with this session's step_params.lock_chain_gap_ns and for the pid the run
--- has now. Steps 0..filled_idx of such a thread are read from
--- step_components; the others are computed here.
+-- with this session's step_params.lock_chain_gap_ns, for the pid the run
+-- has now, and by this release's filler (fill_version 145, the schema file
+-- that last added its columns: vocab.schema.STEP_FILL_VERSION; an older
+-- row lacks columns, and the daemon fills such steps again). Steps
+-- 0..filled_idx of such a thread are read from step_components; the others
+-- are computed here.
 CREATE OR REPLACE VIEW _step_frontier AS
 SELECT f.run_id, f.tid, f.filled_idx, f.todo_from_ns, f.chain_cut_ns
 FROM step_component_threads f
@@ -70,7 +73,8 @@ CROSS JOIN step_params p
 LEFT JOIN runs r ON r.run_id = f.run_id
 WHERE coalesce(getvariable('step_components_table'), true)
   AND f.lock_chain_gap_ns = p.lock_chain_gap_ns
-  AND f.pid = coalesce(r.pid, -f.run_id);
+  AND f.pid = coalesce(r.pid, -f.run_id)
+  AND f.fill_version = 145;
 
 -- The steps not filled yet (all of them without the filler), with the
 -- columns the interval joins need: a thread's steps from its todo_from_ns

@@ -39,10 +39,43 @@ def test_every_column_a_converter_reads_is_in_its_table(table):
     have = set(table_columns(table, con))
     if table == "stall_alerts":  # not a table: the detector's own batches
         have = {f.name for f in pb.StallAlert.DESCRIPTOR.fields}
+    if table == "hang_events":  # not a table: the hang watchdog's own batches
+        have = set(_hang_event("hung").column_names)
     read = columns_read(kind)
     assert read, table
     assert set(read) - have == set(), f"{table}: the converter reads columns the schema lacks"
     assert events.OPTIONAL[kind] <= set(read), "an optional column nobody reads"
+
+
+def _hang_event(state):
+    """The batch the hang watchdog hands the fanout for an episode's news."""
+    from stallscope.service.hang import HangWatchdog
+
+    got = []
+
+    class Fanout:
+        def on_batch(self, table, batch):
+            got.append((table, batch))
+
+    info = {"run_id": 3, "pid": 4242, "detected_ns": 9_000, "threshold_ns": 1_000,
+            "last_step_end_ns": 7_000, "recovered_ns": 12_000 if state != "hung" else None,
+            "reason": "no step end for 2.0 s", "dump_id": 77}  # fmt: skip
+    if state == "hung":
+        info.update(threads=3, lacks=None)
+    HangWatchdog.to_fanout(Fanout())(state, info)
+    ((table, batch),) = got
+    assert table == "hang_events"
+    return batch
+
+
+def test_hang_events_stream_as_hung_messages():
+    (ev,) = events.to_events(pb.HUNG, _hang_event("hung"), {})
+    assert ev.WhichOneof("payload") == "hung"
+    h = ev.hung
+    assert (h.state, h.run_id, h.pid, h.dump_id, h.threads) == ("hung", 3, 4242, 77, 3)
+    assert h.recovered_ns == 0 and h.lacks == "" and h.reason.startswith("no step end")
+    (ev,) = events.to_events(pb.HUNG, _hang_event("recovered"), {})
+    assert ev.hung.state == "recovered" and ev.hung.recovered_ns == 12_000
 
 
 def _spans(drop=()):

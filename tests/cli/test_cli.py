@@ -22,7 +22,7 @@ def test_the_command_table_is_the_parser():
     assert list(_subparsers(cli.build_parser())) == list(cli.COMMANDS)
     assert set(cli.COMMANDS) == {
         "daemon", "run", "demo", "query", "report", "compare", "top", "status", "deep", "export",
-        "profile",
+        "profile", "stacks",
     }  # fmt: skip
 
 

@@ -183,7 +183,7 @@ class Fuzzer:
 
     def _k_badkind(self, pid, run):
         self.expected["bad_kind"] += 1
-        first_unknown = wire.DGRAM_PYTHREADS + 1  # kinds 1..8 are defined (7, 8: version 3)
+        first_unknown = wire.DGRAM_STACKS + 1  # kinds 1..9 are defined (7, 8: version 3)
         k = self.rng.choice([0, first_unknown, 255, self.rng.randint(first_unknown, 255)])
         return self._hdr(k, count=1) + bytes(32), run, False
 

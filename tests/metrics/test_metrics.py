@@ -25,6 +25,7 @@ MS = 1_000_000
 # The only label names /metrics may carry: no pid, tid or run id.
 ALLOWED_LABELS = {"run_label", "stage", "generation", "cause", "kind", "where", "reason"}
 ALLOWED_LABELS |= {"probe", "backend", "state", "gpu", "label", "le"}
+ALLOWED_LABELS |= {"outcome"}  # stallscope_hang_dumps_total: taken, rate_limited, failed
 
 
 def _engine(d, label, tmp_path):

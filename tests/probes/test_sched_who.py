@@ -123,6 +123,13 @@ def test_preemptor_is_the_fifo_process(probe, work):
         assert r["preemptor_comm"] == "stall-fifo"
         assert r["preemptor_pid"] == fifo.pid
         assert r["waker_tid"] is None and r["wakeup_ns"] is None
+    # the switch-in ending each such row names who held the CPU until then
+    # (offcpu.prev_*, the `other_task` evidence): mostly the FIFO process
+    # after its 2 ms spin (another task may run between it and the worker)
+    after = [r for r in by_fifo if r["prev_pid"] == fifo.pid]
+    assert len(after) >= 0.5 * len(by_fifo), [(r["prev_pid"], r["prev_comm"]) for r in by_fifo]
+    for r in after:
+        assert r["prev_comm"] == "stall-fifo" and 500_000 <= r["prev_run_ns"] <= 50_000_000, r
 
 
 def test_resolver_reads_tgid_from_proc(tmp_path):

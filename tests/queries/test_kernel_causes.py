@@ -235,3 +235,17 @@ def test_a_lock_chain_runs_through_unknown_wakers_and_preemptions():
     assert r["lock_ns"] == int(3.8 * MS) and r["preempted_ns"] == int(0.2 * MS)
     assert r["blocked_ns"] == 1 * MS and r["cause"] == "lock"
     assert (r["waker_tid"], r["waker_comm"]) == (12, "holder")
+
+
+def test_a_daemon_thread_that_preempts_is_reported_like_any_other(tmp_path):
+    """The report never filters the daemon out of its top preemptors: where
+    one of its threads took the CPU from a slow step, it is named."""
+    from stallscope.analysis.report import build_report
+
+    con = fresh_db()
+    sql = (FIXTURES / "kernel.sql").read_text()
+    con.execute(sql.replace("300, 'hog'", "300, 'stallscope/stor'"))
+    assert views.create_views(con) == []
+    who = build_report(con, out_dir=str(tmp_path)).split("== Top preemptors and wakers")[1]
+    line = next(ln for ln in who.splitlines() if "stallscope/stor" in ln)
+    assert "preemptor" in line and "300" in line and "hog" not in who

@@ -148,3 +148,28 @@ def test_format_rows_all_formats():
     )
     with pytest.raises(ValueError, match="use one of table, csv, json"):
         format_rows(cols, rows, "xml")
+
+
+def test_the_report_names_each_group_its_roles_and_the_late_peers_cause():
+    from pathlib import Path
+
+    from helpers.schema_db import fresh_db
+
+    con = fresh_db()
+    con.execute((Path(__file__).parent / "fixtures" / "peer.sql").read_text())
+    con.execute(
+        "INSERT INTO run_events (run_id, kind, message) VALUES (1, 'role', 'engine core'), "
+        "(2, 'role', 'worker')"
+    )
+    con.execute("UPDATE runs SET rank = run_id - 3 WHERE run_id IN (4, 5)")
+    text = build_report(con)
+    section = text.split("== Run groups")[1].split("\n== ")[0]
+    rows = [line.split() for line in section.splitlines()]
+    assert ["run:1", "1", "vllm", "100", "engine", "core", "8", "2", "1"] in rows
+    assert ["run:1", "2", "vllm/child-200", "200", "1", "worker", "8", "1", "0"] in rows
+    assert ["u0:job", "5", "rank2", "500", "rank", "2", "8", "1", "0"] in rows
+    assert not any(r and r[0] == "run:9" for r in rows)  # a group of one is no group
+    causes = section.split("Cross-process causes")[1]
+    assert re.search(r"^\s+1\s+2\s+gc\s+1\s+20\.0\s+1\s+spun$", causes, re.M)
+    assert re.search(r"^\s+3\s+5\s+preemption\s+1\s+15\.0\s+1\s+15\.0\s+spun$", causes, re.M)
+    assert re.search(r"^\s+6\s+8\s+gc\s+1\s+20\.0\s+2\s+1\.0\s+spun$", causes, re.M)

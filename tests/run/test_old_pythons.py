@@ -9,6 +9,7 @@ under STALLSCOPE_REQUIRE_PYTHONS=1 when there is none).
 """
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -21,7 +22,7 @@ pytestmark = pytest.mark.daemon
 def test_python_39_is_not_traced_and_says_so_once(daemon, tmp_path):
     versions = pythons.pyenv_versions("3.9")
     pythons.require_python(versions, "no pyenv 3.9.* on this machine")
-    old = str(pythons.pyenv_root() / "versions" / versions[-1] / "bin" / "python3")
+    old = str(Path(pythons.pyenv_root()) / "versions" / versions[-1] / "bin" / "python3")
     user_site = tmp_path / "usersite"
     user_site.mkdir()
     (user_site / "sitecustomize.py").write_text("import os\nos.environ['USER_SITE_RAN'] = 'yes'\n")

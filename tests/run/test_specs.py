@@ -133,3 +133,38 @@ def test_any_expr_survives_the_text_form(keywords):
     assert parse_spec(text) == spec
     specs, errors = split_specs(f"{text};{text}")
     assert not errors and specs == [spec, spec]
+
+
+def test_a_role_is_reported_when_its_target_first_runs_not_when_attached(tmp_path):
+    """`role` is no attach() keyword: a one-shot shim reports it on the
+    target's first call in the process, then puts the wrapper back."""
+    import sys
+    import types
+
+    from probe_client import _autoattach
+    from probe_client._probe import Probe
+
+    module = types.ModuleType("rolemod")
+
+    class Engine:
+        def step(self, x):
+            return x + 1
+
+    module.Engine = Engine
+    sys.modules["rolemod"] = module
+    probe = Probe(socket_path=str(tmp_path / "none.sock"), gc=False)
+    events = []
+    probe.event = lambda kind, target, message: events.append((kind, message))
+    try:
+        hooks = _autoattach.Hooks(probe)
+        hooks.add([parse_spec("rolemod:Engine.step=step,role='engine core',batch=arg0")])
+        assert [k for k, _ in events] == ["attached"]  # imported and wrapped: no role yet
+        shim = Engine.__dict__["step"]
+        assert Engine().step(2) == 3
+        assert events[-1] == ("role", "engine core")
+        wrapper = Engine.__dict__["step"]
+        assert wrapper is not shim and wrapper.__stallscope_kind__ == "step"
+        assert Engine().step(4) == 5 and [k for k, _ in events].count("role") == 1
+    finally:
+        probe.close()
+        del sys.modules["rolemod"]

@@ -37,6 +37,12 @@ STATUS_QUERIES = (
         "ORDER BY kind = 'attached', run_id DESC, ts_ns DESC LIMIT 40",
     ),
     (
+        "Hangs (no step end while busy; the latest 10: stallscope query hang_dump_stacks)",
+        "SELECT dump_id, run_id, pid, CASE WHEN recovered_ns IS NULL THEN 'HUNG or left' "
+        "ELSE printf('recovered after %.1f s', (recovered_ns - last_step_end_ns) / 1e9) END "
+        "AS state, threads, reason, lacks FROM hang_dumps ORDER BY detected_ns DESC LIMIT 10",
+    ),
+    (
         "Probe coverage (per run and probe, newest runs first)",
         COVERAGE_STATUS_SQL,
     ),

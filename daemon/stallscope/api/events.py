@@ -26,6 +26,7 @@ OPTIONAL = {
     pb.MIGRATION: frozenset({"resolution_ns", "events"}),
     pb.GPU_SAMPLE: frozenset({"source"}),
     pb.STALL_ALERT: frozenset(),
+    pb.HUNG: frozenset(),
 }
 
 
@@ -263,6 +264,15 @@ def stall_alerts(col, runs):
     return [pb.Event(stall_alert=pb.StallAlert(**row)) for row in rows]
 
 
+def hung(col, runs):
+    fields = [f.name for f in pb.Hung.DESCRIPTOR.fields]
+    present = [f for f in fields if f in col.batch.column_names]
+    for name in sorted(set(fields) - set(present)):
+        col(name)  # raises or reports: the watchdog's rows carry every field
+    rows = col.batch.select(present).to_pylist()
+    return [pb.Event(hung=pb.Hung(**{k: v for k, v in r.items() if v is not None})) for r in rows]
+
+
 CONVERTERS = {
     pb.SPAN: spans,
     pb.GC_PASS: gc_passes,
@@ -271,6 +281,7 @@ CONVERTERS = {
     pb.MIGRATION: migrations,
     pb.GPU_SAMPLE: gpu_samples,
     pb.STALL_ALERT: stall_alerts,
+    pb.HUNG: hung,
 }
 
 

@@ -84,10 +84,15 @@ class StallscopeServicer(pb_grpc.StallscopeServicer):
         self.started_ns = getattr(daemon, "started_ns", time.monotonic_ns())
         self.shutting_down = False  # set by ApiServer.stop: streams end UNAVAILABLE
         self.missing_columns = {}  # "KIND.column" -> batches streamed without it
-        # What reads the database runs on idle-priority threads: a user's
-        # query, a status, an export can wait; the traced engine cannot. The
-        # handler threads themselves stay at normal priority (live streams).
-        self.background = threads.BackgroundPool("api-query", MAX_CONCURRENT_QUERIES + 2)
+        # What reads the database runs off the handler threads: a user's
+        # query and a status as serving threads (batch, nice 0: a fair share
+        # on a saturated host, like the user's own command, and never a
+        # wake-up preemption), an export, which can take CPU-seconds, at idle
+        # priority (threads.serving, threads.background).
+        self.background = threads.BackgroundPool(
+            "api-query", MAX_CONCURRENT_QUERIES + 2, role=threads.SERVING
+        )
+        self.exporting = threads.BackgroundPool("api-export", 1)
 
     def _missing_columns(self, kind, columns):
         """A batch lacked columns its kind must have: the stream goes on with
@@ -355,7 +360,7 @@ class StallscopeServicer(pb_grpc.StallscopeServicer):
                 f"the daemon exports to {exports.out_dir} only (its --export-dir), not {request.dir}",
             )
         try:
-            result = self.background.call(exports.export)
+            result = self.exporting.call(exports.export)
         except ExportBusy as exc:
             context.abort(grpc.StatusCode.ABORTED, str(exc))
         except (StallscopeError, OSError) as exc:
@@ -397,6 +402,7 @@ class ApiServer:
         self.server.stop(grace).wait(grace + 2)
         if self.servicer is not None:
             self.servicer.background.shutdown()
+            self.servicer.exporting.shutdown()
         if self.api_socket:
             try:
                 os.unlink(self.api_socket)
@@ -418,8 +424,14 @@ def start_api_server(
         )
     servicer = StallscopeServicer(daemon, fanout)
     server = grpc.server(
+        # Handler threads answer a waiting client: serving threads (batch,
+        # nice 0), like the gRPC poller started below. At idle priority a
+        # Query waited seconds on a host whose CPUs a hog filled.
         futures.ThreadPoolExecutor(
-            max_workers=MAX_SUBSCRIBERS + MAX_CONCURRENT_QUERIES + 4, thread_name_prefix="api"
+            max_workers=MAX_SUBSCRIBERS + MAX_CONCURRENT_QUERIES + 4,
+            thread_name_prefix="api",
+            initializer=threads.serving,
+            initargs=("api-handler",),
         ),
         maximum_concurrent_rpcs=MAX_SUBSCRIBERS + MAX_CONCURRENT_QUERIES + 8,
         options=[("grpc.max_send_message_length", 64 << 20), ("grpc.so_reuseport", 0)],
@@ -443,7 +455,11 @@ def start_api_server(
             tcp_port = server.add_secure_port(listen, creds)
             if not tcp_port:
                 raise RuntimeError(f"could not listen on {listen}")
+        before = set(threading.enumerate())
         server.start()
+        for started in set(threading.enumerate()) - before:  # gRPC's poller
+            started.name = "api-grpc"  # its comm: stallscope/api-
+            threads.serve_tid(started.native_id, "api-grpc")
     except (RuntimeError, OSError) as exc:
         raise ApiConfigError(f"API: {exc}") from None
     finally:

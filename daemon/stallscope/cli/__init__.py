@@ -3,7 +3,7 @@
 `COMMANDS` maps each command name to its `Command` (arguments, entry point,
 examples), defined in one module per command group: `cli/daemon.py`,
 `cli/run.py`, `cli/demo.py`, `cli/read.py` (query, report, compare, status),
-`cli/top.py`, `cli/deep.py`, `cli/export.py`, `cli/profile.py`.
+`cli/top.py`, `cli/deep.py`, `cli/export.py`, `cli/profile.py` (profile, stacks).
 This is the one place that turns a `StallscopeError` raised below into
 `error: ...` on stderr and an exit status (2; 130 on Ctrl-C); anything else
 is a bug and keeps its traceback. Command modules import their heavy
@@ -27,6 +27,7 @@ COMMANDS = {
     "compare": read.COMPARE,
     "top": top.TOP,
     "profile": profile.PROFILE,
+    "stacks": profile.STACKS,
     "status": read.STATUS,
     "deep": deep.DEEP,
     "export": export.EXPORT,

@@ -1,4 +1,4 @@
-"""`stallscope demo`: a daemon, a serving engine (built-in or transformers), the report.
+"""`stallscope demo`: a daemon, a serving engine (built-in, transformers or vLLM), the report.
 
 Only the arguments live here; `demo.runner` does the work.
 """
@@ -9,11 +9,13 @@ from stallscope.cli.command import Command
 def add_arguments(parser):
     parser.add_argument(
         "--engine",
-        choices=["builtin", "transformers"],
+        choices=["builtin", "transformers", "vllm"],
         default="builtin",
         help="builtin: the seed-shaped scenario engine; transformers: HF transformers' real "
         "continuous batching on a tiny random-weight Llama (needs the engines extra), "
-        "traced by `stallscope run --preset transformers` (default builtin)",
+        "traced by `stallscope run --preset transformers`; vllm: vLLM's CPU build, engine "
+        "core and worker processes, with GC passes forced in the worker (needs the vllm "
+        "extra), traced by `stallscope run --preset vllm` (default builtin)",
     )
     parser.add_argument(
         "--duration", type=float, default=None, help="seconds (default 45; transformers 20)"
@@ -50,13 +52,14 @@ def run(args):
 DEMO = Command(
     help="run a daemon, the built-in serving-engine scenario, and the attribution report",
     description="Start a daemon on a temporary socket and database, run the built-in "
-    "serving engine (shaped like the seed report's) or HF transformers' continuous batching "
-    "under it, stop the daemon and print the summary and the attribution report.",
+    "serving engine (shaped like the seed report's), HF transformers' continuous batching "
+    "or vLLM's CPU build under it, stop the daemon and print the summary and the "
+    "attribution report.",
     add_arguments=add_arguments,
     run=run,
     examples=(
         "stallscope demo   # 45 s, then the report",
-        "stallscope demo --engine transformers   # a real PyTorch engine, no source edit",
+        "stallscope demo --engine vllm   # a real vLLM (engine core + worker), no source edit",
         "stallscope demo --ab --db ab.duckdb   # as is vs gc.freeze() after warm-up, kept",
     ),
 )

@@ -101,6 +101,18 @@ def collect_specs(attach, attach_files, presets):
     return ";".join(texts), errors
 
 
+GROUP_ENV = "STALLSCOPE_GROUP"
+
+
+def _file_group(attach_files):
+    """The run-group key of the first --attach-file with a top-level `group`."""
+    for path in attach_files:
+        group = _load_toml(path).get("group")
+        if isinstance(group, str) and group.strip():
+            return group.strip()
+    return None
+
+
 def default_label(command):
     """The program's name: the script or module for a Python command."""
     name = os.path.basename(command[0])
@@ -130,6 +142,9 @@ def build_env(args, command, base=None):
     env[_autoattach.LABEL_ENV] = args.label or default_label(command)
     if args.socket:
         env["STALLSCOPE_SOCKET"] = args.socket
+    group = getattr(args, "group", None) or _file_group(args.attach_file)
+    if group:
+        env[GROUP_ENV] = group  # ranks started apart (torchrun, ray) join one run group
     env.update(gc_environment(args))
     text, errors = collect_specs(args.attach, args.attach_file, args.preset)
     env[_autoattach.ATTACH_ENV] = text
@@ -181,6 +196,13 @@ def _arguments(parser):
         "--socket",
         help="the daemon's probe socket (default: $STALLSCOPE_SOCKET or "
         "/run/stallscope/probe.sock)",
+    )
+    parser.add_argument(
+        "--group",
+        metavar="KEY",
+        help="run-group key ($STALLSCOPE_GROUP): processes started apart that "
+        "belong to one engine (the ranks of torchrun or ray); it joins only "
+        "runs of the same uid",
     )
     parser.add_argument(
         "--attach",

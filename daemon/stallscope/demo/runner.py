@@ -11,6 +11,7 @@ gc.freeze() after warm-up, and prints `compare --arm` of the two.
 """
 
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -93,9 +94,44 @@ def _run_transformers(args, sock):
         print(f"warning: the transformers engine exited with status {rc}", file=sys.stderr)
 
 
+def _run_vllm(args, sock):
+    """vLLM's CPU build, multi-process, with worker GC passes inside and outside its steps."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        raise ServiceError(
+            "the vLLM demo needs the vllm extra (vLLM's CPU build): make demo DEMO_ENGINE=vllm, "
+            "or STALLSCOPE_VLLM=1 make bootstrap"
+        )
+    engine = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vllm_engine.py")
+    print(
+        "running vLLM's CPU build (engine core + worker process, random-weight Llama): 32 "
+        "requests x 32 tokens, three rounds, with full GC passes forced in the worker inside "
+        "and between its execute RPCs, traced by `stallscope run --preset vllm`",
+        flush=True,
+    )
+    cmd = [sys.executable, "-m", "stallscope.cli", "run", "--socket", sock]
+    cmd += ["--label", "demo-vllm", "--preset", "vllm", "--"]
+    cmd += [sys.executable, engine, "--rounds", "3"]
+    if args.gc_pressure:
+        cmd += ["--gc-at-execute", "8,40,72", "--gc-while-idle", "20,52,84"]
+    # its own session: vLLM's processes are killed with it if the demo is stopped
+    proc = subprocess.Popen(cmd, start_new_session=True)
+    try:
+        rc = proc.wait()
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    if rc != 0:
+        print(f"warning: the vLLM engine exited with status {rc}", file=sys.stderr)
+
+
 def run_demo(args):
-    transformers = getattr(args, "engine", "builtin") == "transformers"
-    if transformers:
+    engine = getattr(args, "engine", "builtin")
+    transformers = engine in ("transformers", "vllm")  # a real engine: no A/B arms
+    if engine == "transformers":
         _check_engines_extra()
     workdir = tempfile.mkdtemp(prefix="stallscope-demo-")
     db = os.path.abspath(args.db) if args.db else os.path.join(workdir, "demo.duckdb")
@@ -115,7 +151,9 @@ def run_demo(args):
                 or " probe: disabled" in line
             ):
                 print("  " + line.split(" INFO ", 1)[-1].split(" WARNING ", 1)[-1].strip())
-        if transformers:
+        if engine == "vllm":
+            _run_vllm(args, sock)
+        elif transformers:
             _run_transformers(args, sock)
         elif getattr(args, "ab", False):
             # The seed's offered patch, both ways: the engine as is, then with

@@ -211,7 +211,8 @@ def _write_run(source, w, run, lo, hi, counts):
     span_rows = _rows(
         source,
         "SELECT s.tid, s.kind, s.stage, s.batch, s.start_ns, s.end_ns, a.slow, a.cause, "
-        "a.excess_ns, a.baseline_ns FROM spans s LEFT JOIN step_attribution a "
+        "a.excess_ns, a.baseline_ns, a.code_frame, a.code_ns, "
+        "array_to_string(a.cpu_slow_evidence, ',') AS cpu_slow_evidence FROM spans s LEFT JOIN step_attribution a "
         "ON s.kind = 'step' AND a.run_id = s.run_id AND a.tid = s.tid AND a.start_ns = s.start_ns "
         "AND a.end_ns = s.end_ns WHERE s.run_id = ? AND s.end_ns >= ? AND s.start_ns <= ? "
         "AND s.end_ns >= s.start_ns",
@@ -335,6 +336,11 @@ def _write_thread(w, run, tid, span_rows, gc_rows, kernel, counts):
             if r["slow"]:
                 name = f"step (slow: {r['cause']})"
                 args += [("slow", True), ("cause", r["cause"])]
+                # the frame holding the on-CPU excess, and what says the CPU gave less
+                if r["code_frame"] is not None:
+                    args += [("code_frame", r["code_frame"]), ("code_ns", r["code_ns"])]
+                if r["cpu_slow_evidence"]:
+                    args += [("cpu_slow_evidence", r["cpu_slow_evidence"])]
         spans.append((r["start_ns"], r["end_ns"], name, args))
     counts["spans"] += len(spans)
     _emit_nested(w, lambda lane: thread_uuid if lane == 0 else child(f"spans {lane}"), spans)

@@ -54,12 +54,16 @@ class RunState:
         "last_sent_ns",
         "connected",
         "unflushed",
+        "uid",
+        "group_key",
+        "hang_threshold_ns",
     )
 
     def __init__(self, run_id, token, pid, expected_seq):
         self.run_id = run_id
         self.token = token
         self.pid = pid
+        self.hang_threshold_ns = 0  # the client's own hang threshold (HELLO), 0: the daemon's
         self.expected_seq = expected_seq
         self.names = [None]  # string id -> name; id 0 = none
         self.chunks = []  # raw record bytes waiting to be decoded
@@ -73,6 +77,8 @@ class RunState:
         self.last_sent_ns = 0
         self.connected = True
         self.unflushed = False
+        self.uid = None  # SO_PEERCRED uid (run groups: a key joins runs of one uid)
+        self.group_key = None  # runs.group_key (ingest/runs.py)
 
 
 class RecordDecoder:
@@ -139,6 +145,7 @@ class RecordDecoder:
     def decode_pending(self):
         """Turn every run's queued record bytes into column batches for the store."""
         self._changes_decoded = self._changes
+        upto = self._read_upto_ns  # what was read by then is decoded below
         new_runs, run_changes = self._take_run_writes()
         with self._lock:
             work = []
@@ -180,6 +187,7 @@ class RecordDecoder:
                     "count": [rejections[k] for k in keys],
                 },
             )
+        self.caught_up_ns = max(self.caught_up_ns, upto)  # Ingest.caught_up_ns
 
     def _decode_run(self, run, chunks, first_seqs, counts, names):
         recs = np.frombuffer(b"".join(chunks), dtype=RECORD_DTYPE)

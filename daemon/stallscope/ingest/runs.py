@@ -2,7 +2,11 @@
 
 A HELLO starts a run or resumes one (same client token and same kernel pid,
 from memory or, after a daemon restart, from the database) and records the
-process as the kernel sees it (SO_PEERCRED) next to what it claims. Client
+process as the kernel sees it (SO_PEERCRED) next to what it claims. It also
+places the run in its run group (`runs.parent_run_id`, `runs.group_key`):
+the parent is the traced run of an ancestor on the kernel's ppid chain
+(`/proc/PID/stat`), the one `stallscope run` named when the chain holds it;
+a group key the client gives joins only runs of the same uid. Client
 values are bounded before they reach a column: a lie costs a NULL, never a
 failed write. Never trusts a client-supplied pid for tracing. An EVENT
 datagram (a client's word about its own set-up, e.g. an attach spec it
@@ -31,8 +35,15 @@ MAX_EVENTS_PER_RUN = 1000
 RUN_COLUMNS = (
     "run_id pid uid gid claimed_pid tid label host started_ns realtime_ns python "
     "implementation free_threaded gc_threshold gc_count freeze_count gc_enabled argv "
-    "client_token connected_ns last_seq probe_accel gc_freeze_after_s gc_threshold_set census"
+    "client_token connected_ns last_seq probe_accel gc_freeze_after_s gc_threshold_set census "
+    "parent_run_id group_key rank"
 ).split()
+
+# How far up the kernel's ppid chain a parent run is looked for (a launcher
+# between the engine and its workers, multiprocessing's forkserver).
+MAX_ANCESTORS = 8
+# A client's group key: short printable text (it is stored and shown).
+GROUP_KEY_MAX = 120
 
 
 class RunRegistry:
@@ -132,6 +143,7 @@ class RunRegistry:
                 change[1] = None  # connected again: not ended
             run.connected = True
             run.last_sent_ns = sent_ns
+            run.hang_threshold_ns = _hang_threshold_ns(info.get("hang_threshold_ms"))
             conn.run = run
             conn.hello = {"python": info.get("python"), "free_threaded": info.get("free_threaded")}
             self.runs[run.run_id] = run
@@ -227,6 +239,52 @@ class RunRegistry:
         run.connected = None  # unknown: the gap's reason is the restart
         return run
 
+    def _ancestors(self, pid):
+        """The kernel's ppid chain of `pid` (nearest first, at most MAX_ANCESTORS)."""
+        chain = []
+        for _ in range(MAX_ANCESTORS):
+            try:
+                with open(f"{self.proc_root}/{pid}/stat", "rb") as f:
+                    stat = f.read()
+                # comm may hold spaces and parentheses: fields follow the last ')'
+                pid = int(stat[stat.rindex(b")") + 2 :].split()[1])
+            except (OSError, ValueError, IndexError):
+                break
+            if pid <= 1:
+                break
+            chain.append(pid)
+        return chain
+
+    def _lineage(self, run, conn, info):
+        """(parent_run_id, group_key, rank) of a new run; sets run.group_key.
+
+        Called under self._lock. The parent comes from the kernel; the
+        client's word (`parent_pid`, from `stallscope run`'s hand-down) only
+        picks which ancestor, when it is on the kernel's chain."""
+        live = {}  # pid -> latest run of that pid this daemon knows
+        for other in self.runs.values():
+            if other.pid is not None and other.run_id != run.run_id:
+                if other.pid not in live or other.run_id > live[other.pid].run_id:
+                    live[other.pid] = other
+        chain = self._ancestors(conn.pid) if live else []
+        claimed = _int(info.get("parent_pid"), 32)
+        parent = None
+        if claimed in chain and claimed in live:
+            parent = live[claimed]
+        else:
+            parent = next((live[p] for p in chain if p in live), None)
+        key = info.get("group")
+        if isinstance(key, str) and key.strip() and key.isprintable():
+            group = f"u{conn.uid}:{key.strip()[:GROUP_KEY_MAX]}"
+        elif parent is not None and parent.group_key:
+            group = parent.group_key
+        else:
+            group = f"run:{run.run_id}"
+        run.uid = conn.uid
+        run.group_key = group
+        rank = _int(info.get("rank"), 32)
+        return (parent.run_id if parent is not None else None), group, rank
+
     def _insert_run(self, run, conn, info, now):
         def ints(v):
             return [_int(x, 32) for x in v[:16]] if isinstance(v, list) else None
@@ -261,6 +319,7 @@ class RunRegistry:
                     run.expected_seq - 1,
                     _accel_name(info.get("accelerator")),
                     *_knobs(info),
+                    *self._lineage(run, conn, info),
                 ),
             )
         )
@@ -300,3 +359,20 @@ def _knobs(info):
         threshold = None
     census = info.get("census")
     return freeze, threshold, census if isinstance(census, bool) else None
+
+
+# A client's own hang threshold (docs/hang.md) is kept within these bounds:
+# below 100 ms a busy engine's ordinary pauses would be hangs; above a day it
+# means "never".
+HANG_THRESHOLD_MIN_NS = 100_000_000
+HANG_THRESHOLD_MAX_NS = 86_400_000_000_000
+
+
+def _hang_threshold_ns(value):
+    """The HELLO's hang_threshold_ms as ns within bounds; 0 when absent or bad."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        return 0
+    ns = value * 1e6
+    if ns != ns or ns == float("inf"):
+        return 0
+    return int(min(max(ns, HANG_THRESHOLD_MIN_NS), HANG_THRESHOLD_MAX_NS))

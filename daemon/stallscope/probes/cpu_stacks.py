@@ -152,6 +152,9 @@ class StackTable:
         self._clock = clock
         self._epoch_start = clock()
         self._new_epoch()
+        # tid -> (ts_ns, frame ids leaf first) of its latest sample: the hang
+        # watchdog's on-CPU stacks (service/hang.py); replaced, never grown per sample
+        self.latest = {}
         self.frames_written = 0
         self.stacks_written = 0
         self.unknown_frames = 0
@@ -254,10 +257,12 @@ class StackTable:
         stack_ids = np.zeros(len(uniq_c), dtype=np.int64)
         valid = np.zeros(len(uniq_c), dtype=bool)
         py_inv = py_inv.ravel()
+        combo_frames = []
         for k, i in enumerate(first_c.tolist()):
             frames = py_stacks[py_inv[i]]
             if nat[i]:
                 frames = (int(nat[i]), *frames)
+            combo_frames.append(frames)
             if not frames:
                 continue  # nothing known about this sample's code: stack_id NULL
             sid = self._stack_ids.get(frames)
@@ -267,6 +272,7 @@ class StackTable:
             stack_ids[k] = sid
             valid[k] = True
         c_inv = c_inv.ravel()
+        self._note_latest(recs["tid"], ts, c_inv, combo_frames)
         out = {
             "cpu_samples": {
                 "pid": pid.astype(np.int32),
@@ -300,6 +306,16 @@ class StackTable:
             }
             self.frames_written += len(new_frames)
         return out
+
+    def _note_latest(self, tids, ts, c_inv, combo_frames):
+        """Each thread's latest sample of the batch: its time and stack."""
+        tids = tids.astype(np.int64)
+        order = np.lexsort((ts, tids))  # by thread, then time: the last of each run
+        last = order[np.r_[tids[order][1:] != tids[order][:-1], True]]
+        if len(self.latest) > MAX_RESOLVED:
+            self.latest.clear()
+        for i in last.tolist():
+            self.latest[int(tids[i])] = (int(ts[i]), combo_frames[c_inv[i]])
 
     def _py_frames(self, pid, frames, frame_id):
         """(frame ids innermost first, whether every frame had its symbol)."""

@@ -74,6 +74,11 @@ BPF_HASH(summarised, u32, u32, MAX_SUMMARY);
 BPF_F_TABLE("array", u32, struct summary, summaries, MAX_SUMMARY, BPF_F_MMAPABLE);
 // Never written: its value type tells user space the compiled record layout.
 BPF_ARRAY(layout_record, struct record, 1);
+// Per CPU: when the task now running there was switched in. Written at
+// every switch on the host (one clock read and one per-CPU store: the only
+// work an untracked switch does besides its two lookups), so that a tracked
+// thread's switch-in can say how long the task it replaces had run.
+BPF_PERCPU_ARRAY(cpu_switch_ns, u64, 1);
 // Per CPU: how deep in interrupt context (hard IRQ, softirq, hrtimer
 // callback) the CPU is, so a wakeup there is not blamed on the task it
 // interrupted. Tracepoints give no in_interrupt(); entry/exit pairs do.
@@ -137,9 +142,10 @@ static __always_inline void runnable(u32 tid)
 
 TRACEPOINT_PROBE(sched, sched_switch)
 {
-    // The clock and CPU are read only once a tracked thread is involved:
-    // almost every switch on a host is not ours and should cost two lookups.
-    u64 now = 0;
+    // The CPU is read only once a tracked thread is involved: almost every
+    // switch on a host is not ours and should cost two lookups, one clock
+    // read and one per-CPU store (cpu_switch_ns).
+    u64 now = bpf_ktime_get_ns();
     u16 cpu = 0;
     // At sched_switch the current task is still prev, so this is prev's tgid.
     u32 prev_tgid = bpf_get_current_pid_tgid() >> 32;
@@ -153,6 +159,14 @@ TRACEPOINT_PROBE(sched, sched_switch)
     if (depth && *depth)
         *depth = 0;
 
+    // Since when prev has held this CPU; from now on, next holds it.
+    u64 since = 0;
+    u64 *slot = cpu_switch_ns.lookup(&zero);
+    if (slot) {
+        since = *slot;
+        *slot = now;
+    }
+
     // Exiting threads (X or Z in prev_state) switch out one last time after
     // sched_process_exit: forget them instead of keeping a stale entry. A
     // summarised thread stays summarised until here: between
@@ -162,11 +176,8 @@ TRACEPOINT_PROBE(sched, sched_switch)
     if (prev_tid != 0 && (args->prev_state & 0x30)) {
         struct summary *last = summary_of(prev_tid);
         if (last) {
-            if (last->tid == prev_tid && last->in_ns) {
-                u64 t = bpf_ktime_get_ns();
-                if (t > last->in_ns)
-                    last->oncpu_ns += t - last->in_ns;
-            }
+            if (last->tid == prev_tid && last->in_ns && now > last->in_ns)
+                last->oncpu_ns += now - last->in_ns;
             last->in_ns = 0;
             summarised.delete(&prev_tid);
         }
@@ -181,7 +192,6 @@ TRACEPOINT_PROBE(sched, sched_switch)
         // it off counts it as preempted. This is exactly the kernel's split
         // into nivcsw / nvcsw (nonvoluntary / voluntary_ctxt_switches).
         u8 preempted = (args->prev_state & 0xff) == 0;
-        now = bpf_ktime_get_ns();
         cpu = bpf_get_smp_processor_id();
         struct tstate *s = state.lookup(&prev_tid);
         if (!s) {
@@ -243,7 +253,7 @@ TRACEPOINT_PROBE(sched, sched_switch)
         struct summary *sn = summary_of(next_tid);
         if (sn) {  // first switch-in seen since it was summarised: on CPU from now
             sn->tid = next_tid;
-            sn->in_ns = bpf_ktime_get_ns();
+            sn->in_ns = now;
         }
         return KEEP_PERF_EVENT;
     }
@@ -253,10 +263,8 @@ TRACEPOINT_PROBE(sched, sched_switch)
         state.delete(&next_tid);
         return KEEP_PERF_EVENT;
     }
-    if (!now) {
-        now = bpf_ktime_get_ns();
+    if (!cpu)
         cpu = bpf_get_smp_processor_id();
-    }
     struct summary *sum = summary_of(next_tid);
     if (sum) {
         // Summarised: totals instead of a record.
@@ -297,6 +305,11 @@ TRACEPOINT_PROBE(sched, sched_switch)
     if (n->preempted && !r.other_pid && r.other_tid && r.other_tid == prev_tid)
         r.other_pid = prev_tgid;
     __builtin_memcpy(r.other_comm, n->other_comm, COMM_LEN);
+    // Who held this CPU until now, and since when.
+    r.prev_pid = prev_tid ? prev_tgid : 0;
+    if (since && now > since)
+        r.prev_run_ns = now - since;
+    __builtin_memcpy(r.prev_comm, args->prev_comm, COMM_LEN);
     n->off_ns = 0;
     n->rq_ns = 0;
     n->other_tid = 0;

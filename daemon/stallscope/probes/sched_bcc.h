@@ -32,6 +32,15 @@ struct record {
     u32 other_tid;
     u32 other_pid;
     char other_comm[COMM_LEN];
+    // switch-in: the task that held the CPU until now (the current task at
+    // this sched_switch: whatever ran there while the thread was away, which
+    // may have left the caches cold) and how long it had run there since its
+    // own switch-in. prev_pid is its tgid (0: the idle task); prev_run_ns is
+    // 0 when its switch-in was not seen (the program loaded meanwhile).
+    u32 prev_pid;
+    u32 pad2;
+    u64 prev_run_ns;
+    char prev_comm[COMM_LEN];
 };
 
 // Loss counters, one u64 each, read by name from user space.

@@ -52,7 +52,7 @@ KIND_SWITCH_IN = _KINDS["KIND_SWITCH_IN"]
 KIND_MIGRATE = _KINDS["KIND_MIGRATE"]
 RECORD_FIELDS = (
     "a_ns", "b_ns", "c_ns", "pid", "tid", "cpu_a", "cpu_b", "kind", "preempted",
-    "other_irq", "other_tid", "other_pid", "other_comm",
+    "other_irq", "other_tid", "other_pid", "other_comm", "prev_pid", "prev_run_ns", "prev_comm",
 )  # fmt: skip
 LOSS_REASONS = {
     "reserve_failed": "ring buffer full: records dropped in the kernel "

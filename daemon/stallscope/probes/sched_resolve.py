@@ -79,4 +79,21 @@ def who_columns(off, resolver):
         # the blocked part ends when the thread became runnable (sched_wakeup,
         # the same instant runq.start_ns records)
         "wakeup_ns": nullable(off["b_ns"], blocked & (off["b_ns"] != 0), np.int64),
+        **prev_columns(off),
+    }
+
+
+def prev_columns(off):
+    """prev_pid / prev_comm / prev_run_ns: the task that held the CPU until
+    the thread's switch-in that ends each offcpu row, and how long it had
+    run there (NULL where the program did not see its switch-in)."""
+    if "prev_run_ns" not in off.dtype.names:
+        return {}
+    run = off["prev_run_ns"].astype(np.int64)
+    seen = run > 0
+    (comm,) = decode_comm(off["prev_comm"], seen)
+    return {
+        "prev_pid": nullable(off["prev_pid"], seen, np.int32),
+        "prev_comm": comm,
+        "prev_run_ns": nullable(run, seen, np.int64),
     }

@@ -315,12 +315,69 @@ _EXPORT_KEYS = [
     ),
 ]
 
+_HANG_KEYS = [
+    Key(
+        "hang",
+        "watchdog",
+        "bool",
+        True,
+        "STALLSCOPE_HANG_WATCHDOG",
+        "hang_watchdog",
+        doc="detect runs whose steps stopped ending while busy and dump every thread's "
+        "stacks (docs/hang.md)",
+    ),
+    Key(
+        "hang",
+        "threshold_ms",
+        "float",
+        0.0,
+        "STALLSCOPE_HANG_THRESHOLD_MS",
+        "hang_threshold_ms",
+        minimum=0,
+        doc="a run with no step end for this long while busy is hung; 0 = per run, "
+        "max(hang.p99_factor x its p99 step, hang.min_threshold_ms); an engine "
+        "started with STALLSCOPE_RUN_HANG_THRESHOLD_MS has its own",
+    ),
+    Key(
+        "hang",
+        "min_threshold_ms",
+        "float",
+        5000.0,
+        "STALLSCOPE_HANG_MIN_THRESHOLD_MS",
+        "hang_min_threshold_ms",
+        minimum=1,
+        doc="the automatic threshold is never below this",
+    ),
+    Key(
+        "hang",
+        "p99_factor",
+        "float",
+        10.0,
+        "STALLSCOPE_HANG_P99_FACTOR",
+        "hang_p99_factor",
+        minimum=1,
+        doc="the automatic threshold is this many times the run's p99 busy step",
+    ),
+    Key(
+        "hang",
+        "min_dump_interval_s",
+        "float",
+        60.0,
+        "STALLSCOPE_HANG_MIN_DUMP_INTERVAL_S",
+        "hang_min_dump_interval_s",
+        minimum=0,
+        doc="at most one dump per run this often (and one in flight at a time); a hang "
+        "inside it is recorded and counted without its threads",
+    ),
+]
+
 # In the order the shipped stallscope.toml lists them.
 KEYS = (
     _DAEMON_AND_BACKEND_KEYS
     + _probe_keys()
     + _RETENTION_AND_API_KEYS
     + _METRICS_KEYS
+    + _HANG_KEYS
     + _EXPORT_KEYS
 )
 BY_DOTTED = {k.dotted: k for k in KEYS}

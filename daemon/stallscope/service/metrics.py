@@ -309,6 +309,9 @@ class Metrics:
             folded,
         )
         yield from scrape.gpu_families(gpu)
+        with self._lock:
+            labels = dict(self._labels)
+        yield from scrape.hang_families(self.daemon, labels)
         yield from scrape.daemon_families(self.daemon)
 
     def _label_waiting_runs(self):

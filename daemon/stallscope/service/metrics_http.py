@@ -1,7 +1,9 @@
 """The /metrics endpoint: `--metrics-listen HOST:PORT` (config `metrics.listen`).
 
-Starts prometheus-client's HTTP server on its own thread with a registry of
-our own (the `Metrics` collector and nothing global), registers `Metrics` as
+Starts prometheus-client's HTTP server on its own thread (a serving thread,
+as is each request's: a scrape is served while engines fill the CPUs,
+docs/footprint.md) with a registry of our own (the `Metrics`
+collector and nothing global), registers `Metrics` as
 a store listener, and follows the API's live stall detector's alerts for
 the slow step counts (without the API there are none: a detector of its
 own would cost ingest more than everything else here). Plain HTTP, as Prometheus scrapes by default:
@@ -11,9 +13,12 @@ never touches the database but through `Metrics`' read-only cursors.
 """
 
 import logging
+import socket
 import threading
+from wsgiref.simple_server import WSGIRequestHandler, make_server
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, make_wsgi_app
+from prometheus_client.exposition import ThreadingWSGIServer
 
 from stallscope import threads
 from stallscope.errors import ConfigError
@@ -52,6 +57,41 @@ class _AlertFollower:
         self._thread.join(timeout=2)
 
 
+class _Quiet(WSGIRequestHandler):
+    def log_message(self, format, *args):
+        pass
+
+
+class _Server(ThreadingWSGIServer):
+    """prometheus-client's thread-per-request server whose threads are
+    serving threads (stallscope.threads.serving): at idle priority, where
+    the sweep would put an unknown thread, a scrape starved for over 10 s
+    while a spinning engine and other work filled both CPUs."""
+
+    def process_request_thread(self, request, client_address):
+        threads.serving("metrics-request")
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            threads.forget()
+
+
+def _serve(httpd):
+    threads.serving("metrics-http")
+    httpd.serve_forever()
+
+
+def start_server(host, port, registry):
+    """(server, thread) serving `registry` at http://host:port/metrics."""
+    info = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    family, _, _, _, sockaddr = info[0]
+    server_class = type("_MetricsServer", (_Server,), {"address_family": family})
+    httpd = make_server(sockaddr[0], port, make_wsgi_app(registry), server_class, _Quiet)
+    thread = threading.Thread(target=_serve, args=(httpd,), name="metrics-http", daemon=True)
+    thread.start()
+    return httpd, thread
+
+
 class MetricsServer:
     """A running /metrics endpoint; `stop()` closes it and detaches from the store."""
 
@@ -62,7 +102,7 @@ class MetricsServer:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self.metrics)
         try:
-            self.httpd, self._thread = start_http_server(port, addr=host, registry=self.registry)
+            self.httpd, self._thread = start_server(host, port, self.registry)
         except OSError as exc:
             raise ConfigError(
                 f"metrics: cannot listen on {listen}: {exc.strerror or exc}"

@@ -132,6 +132,43 @@ def gauge(name, doc, label, value):
     return fam
 
 
+def hang_families(d, labels):
+    """The hang watchdog's counters and, per run label, seconds since a step ended."""
+    hangs = getattr(d, "hangs", None)
+    if hangs is None:
+        return
+    info = hangs.summary()
+    yield counter(
+        "stallscope_hangs",
+        "Hang episodes: a run with no step end for longer than its threshold while busy.",
+        None,
+        info["hangs_total"],
+    )
+    yield counter(
+        "stallscope_hang_dumps",
+        "Hang episodes by what became of their dump: 'taken', 'rate_limited', 'failed'.",
+        "outcome",
+        {
+            "taken": info["dumps_taken"],
+            "rate_limited": info["dumps_rate_limited"],
+            "failed": info["capture_errors"],
+        },
+    )
+    fam = GaugeMetricFamily(
+        "stallscope_seconds_since_last_step",
+        "Seconds since the latest step end of each connected run, by run label "
+        "(the largest of the runs sharing a label).",
+        labels=["run_label"],
+    )
+    worst = {}
+    for run_id, seconds in info["seconds_since_step"].items():
+        label = labels.get(run_id, "")
+        worst[label] = max(worst.get(label, 0.0), seconds)
+    for label, seconds in sorted(worst.items()):
+        fam.add_metric([label], seconds)
+    yield fam
+
+
 def gpu_families(gpu):
     for column, name, doc, scale in GPU_FIELDS:
         fam = GaugeMetricFamily(name, doc, labels=["gpu"])

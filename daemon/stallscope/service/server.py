@@ -23,11 +23,13 @@ from stallscope import probes as probe_registry
 from stallscope import threads
 from stallscope.errors import ConfigError
 from stallscope.ingest.listener import Ingest
+from stallscope.ingest.requests import StacksRequests
 from stallscope.ingest.sockets import prepare_path
 from stallscope.probes import bpf_common
 from stallscope.probes.base import ProbeSettings, Sink
 from stallscope.service.deep import DeepWindows
 from stallscope.service.export import DaemonExports
+from stallscope.service.hang import HangWatchdog
 from stallscope.service.placement import Placement
 from stallscope.service.selfstats import SelfStats
 from stallscope.service.systemd import endpoint
@@ -187,6 +189,7 @@ class Daemon:
         self.config_source = config_source  # re-read on SIGHUP (daemon/reload.py)
         self.config = config
         self.tracked_pids = set()
+        self.stack_requests = None  # made at the first STACKS request
         self._reload = threading.Event()
         # Probes first, the probe socket last: a client that can connect is
         # a client whose scheduling the probes already follow. (Under socket
@@ -208,6 +211,7 @@ class Daemon:
                 on_run_end=self.coverage.run_ended,
                 socket_group=group,
                 on_watch=self.watcher.request,
+                on_stacks=self._stacks_request,
                 on_step_threads=self._step_threads,
                 on_pylayout=self._pylayout,
                 on_pythreads=self._pythreads,
@@ -227,6 +231,15 @@ class Daemon:
             self.store, cfg.get("export.parquet_dir") or None, cfg.get("export.host") or None
         )
         after = self.exports.after_retention if cfg.get("export.after_retention") else None
+        self.hangs = None
+        if cfg.get("hang.watchdog", True):
+            self.hangs = HangWatchdog(
+                self,
+                threshold_ms=cfg.get("hang.threshold_ms", 0.0),
+                min_threshold_ms=cfg.get("hang.min_threshold_ms", 5000.0),
+                p99_factor=cfg.get("hang.p99_factor", 10.0),
+                min_dump_interval_s=cfg.get("hang.min_dump_interval_s", 60.0),
+            )
         self.retention = (
             Retention(
                 self.store,
@@ -320,12 +333,23 @@ class Daemon:
                     "%s probe could not keep pid %d's step threads: %s", probe.name, pid, exc
                 )
 
+    def _stacks_request(self, conn, data):
+        """A STACKS datagram (`stallscope stacks`): the hang watchdog's capture."""
+        if self.stack_requests is None:
+            capture = self.hangs.stacks if self.hangs is not None else None
+            self.stack_requests = StacksRequests(
+                lambda: self.tracked_pids, capture, self.settings.proc_root
+            )
+        return self.stack_requests.request(conn, data)
+
     def _probe(self, name):
         return next((p for p in self.probes if p.name == name), None)
 
     def _pylayout(self, pid, run_id, info):
         """A client's interpreter layout (ingest/pystate.py): None when the
         CPU sampler took it (or there is none to take it), else why not."""
+        if self.hangs is not None:
+            self.hangs.accept_layout(pid, info)
         probe = self._probe(CPU_PROBE)
         if probe is None:
             return None
@@ -337,6 +361,8 @@ class Daemon:
 
     def _pythreads(self, pid, run_id, threads, more):
         """A client's (tid, thread state) list, the peer's own threads only."""
+        if self.hangs is not None:
+            self.hangs.set_threads(pid, threads)
         probe = self._probe(CPU_PROBE)
         if probe is None:
             return
@@ -376,6 +402,8 @@ class Daemon:
         if pid in self.extra_pids:
             return
         self.tracked_pids.discard(pid)
+        if getattr(self, "hangs", None) is not None:
+            self.hangs.forget(pid)
         for probe in self.probes:
             try:
                 probe.untrack(pid)
@@ -411,6 +439,8 @@ class Daemon:
             self.fanout.close_all()
             raise
         self.store.add_listener(self.fanout.on_batch)
+        if self.hangs is not None:  # Hung events: the watchdog's episodes, live
+            self.hangs.listeners.append(self.hangs.to_fanout(self.fanout))
 
     def _stop_live(self):
         """Nothing more reaches the subscribers (the API's stop then closes
@@ -428,6 +458,8 @@ class Daemon:
     def run(self):
         self.store.start()
         self.step_fill.start()
+        if self.hangs is not None:
+            self.hangs.start()
         if self.retention is not None:
             self.retention.start()
         if self.api_socket or self.api_options.get("listen"):
@@ -465,6 +497,10 @@ class Daemon:
         self.selfstats.sample()  # names the threads started so far; first row
         if self.notify:
             self.notify.ready(self)
+        # From here the main loop waits at idle priority while every client
+        # is known to send slowly, and is raised to batch the moment one is
+        # new or fast or its socket holds a backlog (threads.paced).
+        threads.paced("main", backlog=self.ingest.pace_backlog)
         last_decode = last_tick = time.monotonic()
         last_sweep = 0.0
         while not self._stop.is_set():
@@ -487,6 +523,8 @@ class Daemon:
             else:
                 due = last_tick + IDLE_TICK_S
             read = self.ingest.poll(min(IDLE_TICK_S, max(0.0, due - now)))
+            if read:
+                threads.check_paced()
             if (
                 0 < read < LIGHT_ROUND_DATAGRAMS
                 and not live
@@ -521,6 +559,9 @@ class Daemon:
         return 0
 
     def shutdown(self):
+        # Stopping is bounded in time (systemd's stop timeout, clients'
+        # tails): the main loop leaves idle priority for it.
+        threads.boost()
         if self.notify:
             self.notify.stopping()
         t0 = time.monotonic()
@@ -531,6 +572,8 @@ class Daemon:
             self.api.stop(grace=0.5)
             endpoint.withdraw(self.store.path)
         self.ingest.close()
+        if self.hangs is not None:
+            self.hangs.stop()
         if self.retention is not None:
             self.retention.stop()
         self._stop_probes()

@@ -23,6 +23,7 @@ import time
 
 from probe_client import wire
 from stallscope import threads
+from stallscope.ingest.requests import owner_uid
 from stallscope.vocab.log_channels import log_channel
 
 log = logging.getLogger(log_channel(__name__))
@@ -116,7 +117,7 @@ class PidWatcher:
         if pid is None or not 0 < pid < 1 << 22:
             self.daemon.ingest._reject(None, conn.pid, "bad_watch")
             return self._answer(conn, {"ok": False, "reason": "bad request"})
-        owner = _owner_uid(pid, self.settings.proc_root)
+        owner = owner_uid(pid, self.settings.proc_root)
         if owner is None:
             return self._answer(conn, {"ok": False, "reason": f"no process {pid}"})
         if conn.uid != 0 and owner != conn.uid:
@@ -178,15 +179,3 @@ class PidWatcher:
                 self.daemon.untrack_external(pid, run_id, ended_ns)
             elif pid not in self.daemon.extra_pids:
                 self._gone.add(run_id)
-
-
-def _owner_uid(pid, proc_root="/proc"):
-    """The real uid of process `pid` (None when it does not exist)."""
-    try:
-        with open(f"{proc_root}/{pid}/status") as f:
-            for line in f:
-                if line.startswith("Uid:"):
-                    return int(line.split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
-    return None

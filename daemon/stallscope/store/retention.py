@@ -43,11 +43,12 @@ KEEP_TABLES = {"runs", "probe_status"}
 # next check does not immediately trim again.
 SIZE_TARGET_FRACTION = 0.9
 NS_PER_DAY = 86_400 * 10**9
-# (dictionary table, its id, the table naming ids, that column), in the order
-# they are swept: stacks once no sample names them, then frames once no stack does.
+# (dictionary table, its id, ((table naming ids, that column), ...)), in the
+# order they are swept: stacks once no sample names them, then frames once no
+# stack and no hang dump (schema 170) does.
 DICTIONARY_TABLES = (
-    ("cpu_stacks", "stack_id", "cpu_samples", "stack_id"),
-    ("cpu_frames", "frame_id", "cpu_stacks", "frame_id"),
+    ("cpu_stacks", "stack_id", (("cpu_samples", "stack_id"),)),
+    ("cpu_frames", "frame_id", (("cpu_stacks", "frame_id"), ("hang_dump_frames", "frame_id"))),
 )
 
 
@@ -360,12 +361,15 @@ class Retention:
         }
         cutoff = int(now_mono - 2 * CPU_STACK_EPOCH_NS)
         deleted = 0
-        for table, key, user, ukey in DICTIONARY_TABLES:
-            if table not in tables or user not in tables:
+        for table, key, users in DICTIONARY_TABLES:
+            users = [(u, k) for u, k in users if u in tables]
+            if table not in tables or not users:
                 continue
+            named = " UNION ALL ".join(
+                f'SELECT "{k}" FROM "{u}" WHERE "{k}" IS NOT NULL' for u, k in users
+            )
             deleted += cur.execute(
-                f'DELETE FROM "{table}" WHERE first_ts_ns < ? AND "{key}" NOT IN '
-                f'(SELECT "{ukey}" FROM "{user}" WHERE "{ukey}" IS NOT NULL)',
+                f'DELETE FROM "{table}" WHERE first_ts_ns < ? AND "{key}" NOT IN ({named})',
                 [cutoff],
             ).fetchone()[0]
         done["rows_deleted"] += deleted

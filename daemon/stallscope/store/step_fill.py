@@ -26,6 +26,7 @@ import pyarrow.compute as pc
 
 from stallscope import threads
 from stallscope.vocab.log_channels import log_channel
+from stallscope.vocab.schema import STEP_FILL_VERSION
 
 log = logging.getLogger(log_channel(__name__))
 
@@ -71,19 +72,25 @@ FROM _step_todo GROUP BY run_id, tid
 ORDER BY settled_idx IS NULL, min(start_ns)
 """
 
-_FILL_SQL = """
+# One statement per cycle (its planning is most of a cycle's cost): the
+# components, the submit calls and the CPU samples of the steps to fill.
+_FILL_SQL = f"""
 INSERT INTO step_components BY NAME
 WITH c AS MATERIALIZED (SELECT * FROM _step_components_of(true)),
-sc AS MATERIALIZED (SELECT * FROM _step_submit_call_of(true))
+sc AS MATERIALIZED (SELECT * FROM _step_submit_call_of(true)),
+cp AS MATERIALIZED (SELECT * FROM _step_cpu_of(true))
 SELECT s.run_id, s.tid, s.step_idx, s.pid, s.start_ns, s.end_ns,
        c.run_id IS NOT NULL AS has_components,
        sc.submit_ns, sc.submit_start_ns, sc.submit_end_ns, sc.submit_calls,
        c.* EXCLUDE (run_id, tid, step_idx),
-       ?::BIGINT AS lock_chain_gap_ns, ?::BIGINT AS filled_ns
+       cp.* EXCLUDE (run_id, tid, step_idx),
+       ?::BIGINT AS lock_chain_gap_ns, ?::BIGINT AS filled_ns,
+       {STEP_FILL_VERSION}::INTEGER AS fill_version
 FROM _step_todo s
 JOIN _fill_limit l ON l.run_id = s.run_id AND l.tid = s.tid AND s.step_idx <= l.fill_idx
 LEFT JOIN c ON c.run_id = s.run_id AND c.tid = s.tid AND c.step_idx = s.step_idx
 LEFT JOIN sc ON sc.run_id = s.run_id AND sc.tid = s.tid AND sc.step_idx = s.step_idx
+LEFT JOIN cp ON cp.run_id = s.run_id AND cp.tid = s.tid AND cp.step_idx = s.step_idx
 """
 
 
@@ -154,11 +161,35 @@ class StepFiller:
                 if old is None or start < old:
                     self._late[k] = start
 
+    @staticmethod
+    def forget_old_versions(cur):
+        """Delete stored steps written by an older filler (their rows lack
+        columns added since): they are filled again, as a backlog. Returns
+        the steps deleted."""
+        old = "coalesce(fill_version, 0) < ?"
+        if not cur.execute(
+            f"SELECT count(*) FROM step_component_threads WHERE {old}", [STEP_FILL_VERSION]
+        ).fetchone()[0]:
+            return 0
+        cur.execute("BEGIN TRANSACTION")
+        try:
+            n = cur.execute(
+                f"DELETE FROM step_components WHERE {old}", [STEP_FILL_VERSION]
+            ).fetchone()[0]
+            cur.execute(f"DELETE FROM step_component_threads WHERE {old}", [STEP_FILL_VERSION])
+            cur.execute("COMMIT")
+        except Exception:
+            cur.execute("ROLLBACK")
+            raise
+        log.info("step_components: %d steps of an older release are filled again", n)
+        return n
+
     # ----- thread ---------------------------------------------------------------
     def start(self):
         cur = self.store.cursor()
         try:  # runs stored before this start were known when their steps were filled
             self._last_run_id = cur.execute("SELECT max(run_id) FROM runs").fetchone()[0]
+            self.steps_reset += self.forget_old_versions(cur)
         finally:
             cur.close()
         self.store.add_listener(self.note_batch)
@@ -379,8 +410,10 @@ class StepFiller:
         if safe is None:
             safe = end_ns if last_end is None else max(end_ns, last_end + gap_ns + 1)
         cur.execute(
-            "INSERT INTO step_component_threads VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            [run_id, tid, pid, filled_idx, todo_from, cut, safe, gap_ns, now_ns],
+            "INSERT INTO step_component_threads (run_id, tid, pid, filled_idx, todo_from_ns, "
+            "chain_cut_ns, safe_ns, lock_chain_gap_ns, updated_ns, fill_version) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [run_id, tid, pid, filled_idx, todo_from, cut, safe, gap_ns, now_ns, STEP_FILL_VERSION],
         )
 
     # ----- late rows -----------------------------------------------------------

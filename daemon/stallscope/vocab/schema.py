@@ -15,3 +15,10 @@ STORED_NS_SQL = f"getvariable('{STORED_NS_VARIABLE}')"
 # before; retention (store/retention.py) deletes a cpu_frames / cpu_stacks row
 # only when no sample uses it and it is older than two epochs.
 CPU_STACK_EPOCH_NS = 600 * 10**9
+
+# The version of step_components' columns (store/step_fill.py): the number of
+# the schema file that last added columns the filler writes. Stored rows of
+# an older version lack those columns: the filler fills their steps again
+# and the views (queries/step/01_steps.sql, _step_frontier, which repeats the
+# number; tests/store check the two agree) read only rows of this version.
+STEP_FILL_VERSION = 145

@@ -17,6 +17,7 @@ class EventKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     MIGRATION: _ClassVar[EventKind]
     GPU_SAMPLE: _ClassVar[EventKind]
     STALL_ALERT: _ClassVar[EventKind]
+    HUNG: _ClassVar[EventKind]
 
 class ResultFormat(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -30,6 +31,7 @@ RUN_QUEUE: EventKind
 MIGRATION: EventKind
 GPU_SAMPLE: EventKind
 STALL_ALERT: EventKind
+HUNG: EventKind
 ROWS: ResultFormat
 ARROW_IPC: ResultFormat
 
@@ -58,7 +60,7 @@ class EventBatch(_message.Message):
     def __init__(self, events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ..., sent_ns: _Optional[int] = ...) -> None: ...
 
 class Event(_message.Message):
-    __slots__ = ("seq", "span", "gc_pass", "off_cpu", "run_queue", "migration", "gpu_sample", "stall_alert", "dropped")
+    __slots__ = ("seq", "span", "gc_pass", "off_cpu", "run_queue", "migration", "gpu_sample", "stall_alert", "dropped", "hung")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     SPAN_FIELD_NUMBER: _ClassVar[int]
     GC_PASS_FIELD_NUMBER: _ClassVar[int]
@@ -68,6 +70,7 @@ class Event(_message.Message):
     GPU_SAMPLE_FIELD_NUMBER: _ClassVar[int]
     STALL_ALERT_FIELD_NUMBER: _ClassVar[int]
     DROPPED_FIELD_NUMBER: _ClassVar[int]
+    HUNG_FIELD_NUMBER: _ClassVar[int]
     seq: int
     span: Span
     gc_pass: GcPass
@@ -77,7 +80,8 @@ class Event(_message.Message):
     gpu_sample: GpuSample
     stall_alert: StallAlert
     dropped: Dropped
-    def __init__(self, seq: _Optional[int] = ..., span: _Optional[_Union[Span, _Mapping]] = ..., gc_pass: _Optional[_Union[GcPass, _Mapping]] = ..., off_cpu: _Optional[_Union[OffCpu, _Mapping]] = ..., run_queue: _Optional[_Union[RunQueueWait, _Mapping]] = ..., migration: _Optional[_Union[Migration, _Mapping]] = ..., gpu_sample: _Optional[_Union[GpuSample, _Mapping]] = ..., stall_alert: _Optional[_Union[StallAlert, _Mapping]] = ..., dropped: _Optional[_Union[Dropped, _Mapping]] = ...) -> None: ...
+    hung: Hung
+    def __init__(self, seq: _Optional[int] = ..., span: _Optional[_Union[Span, _Mapping]] = ..., gc_pass: _Optional[_Union[GcPass, _Mapping]] = ..., off_cpu: _Optional[_Union[OffCpu, _Mapping]] = ..., run_queue: _Optional[_Union[RunQueueWait, _Mapping]] = ..., migration: _Optional[_Union[Migration, _Mapping]] = ..., gpu_sample: _Optional[_Union[GpuSample, _Mapping]] = ..., stall_alert: _Optional[_Union[StallAlert, _Mapping]] = ..., dropped: _Optional[_Union[Dropped, _Mapping]] = ..., hung: _Optional[_Union[Hung, _Mapping]] = ...) -> None: ...
 
 class Span(_message.Message):
     __slots__ = ("run_id", "pid", "tid", "kind", "stage", "batch", "start_ns", "end_ns", "duration_ns", "depth", "seq")
@@ -250,6 +254,32 @@ class StallAlert(_message.Message):
     cause: str
     offcpu_sampled: bool
     def __init__(self, run_id: _Optional[int] = ..., pid: _Optional[int] = ..., tid: _Optional[int] = ..., stage: _Optional[str] = ..., batch: _Optional[int] = ..., start_ns: _Optional[int] = ..., end_ns: _Optional[int] = ..., duration_ns: _Optional[int] = ..., baseline_ns: _Optional[int] = ..., ratio: _Optional[float] = ..., gc_overlap_ns: _Optional[int] = ..., gc_generation: _Optional[int] = ..., offcpu_ns: _Optional[int] = ..., preempted_ns: _Optional[int] = ..., cause: _Optional[str] = ..., offcpu_sampled: _Optional[bool] = ...) -> None: ...
+
+class Hung(_message.Message):
+    __slots__ = ("state", "run_id", "pid", "dump_id", "detected_ns", "threshold_ns", "last_step_end_ns", "recovered_ns", "threads", "lacks", "reason")
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    DUMP_ID_FIELD_NUMBER: _ClassVar[int]
+    DETECTED_NS_FIELD_NUMBER: _ClassVar[int]
+    THRESHOLD_NS_FIELD_NUMBER: _ClassVar[int]
+    LAST_STEP_END_NS_FIELD_NUMBER: _ClassVar[int]
+    RECOVERED_NS_FIELD_NUMBER: _ClassVar[int]
+    THREADS_FIELD_NUMBER: _ClassVar[int]
+    LACKS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    state: str
+    run_id: int
+    pid: int
+    dump_id: int
+    detected_ns: int
+    threshold_ns: int
+    last_step_end_ns: int
+    recovered_ns: int
+    threads: int
+    lacks: str
+    reason: str
+    def __init__(self, state: _Optional[str] = ..., run_id: _Optional[int] = ..., pid: _Optional[int] = ..., dump_id: _Optional[int] = ..., detected_ns: _Optional[int] = ..., threshold_ns: _Optional[int] = ..., last_step_end_ns: _Optional[int] = ..., recovered_ns: _Optional[int] = ..., threads: _Optional[int] = ..., lacks: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class Dropped(_message.Message):
     __slots__ = ("count", "total", "reason", "from_ns", "to_ns", "kinds")
