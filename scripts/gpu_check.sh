@@ -5,6 +5,8 @@
 # sampler's achieved rate, and a torch.cuda matmul loop's step time with the
 # sampler off, at 10 Hz and at the maximum rate. Needs nvidia-ml-py >= 12.535
 # (torch with CUDA for the matmul part; without it that part says "not run").
+# Then the CUDA driver probe against the real libcuda (scripts/gpu_check_cuda.py,
+# < 2 minutes; needs root and bcc for the uprobe part).
 # Figures go to stdout and, when $OUT is set, to $OUT/gpu_check.{json,txt}.
 # Changes no GPU setting.
 #   scripts/gpu_check.sh            real GPU
@@ -46,10 +48,29 @@ if ! "$PY" -c 'import pynvml' 2>/dev/null; then
   exit 2
 fi
 args=("$@")
+# The CUDA driver probe's part (issue 31): the real libcuda's exported
+# variants, whether uprobes attach there, N driver calls counted exactly,
+# sync rows beside NVML samples. Skipped with --fake (no driver); it says
+# "not run" and why for whatever it cannot do (no bcc, not root, no GPU).
+cuda_check() {
+  [ "${1:-}" = "--fake" ] && return 0
+  local cuda_args=()
+  [ -n "${OUT:-}" ] && cuda_args+=(--out "$OUT/gpu_check_cuda.json")
+  timeout 120 "$PY" scripts/gpu_check_cuda.py "${cuda_args[@]}"
+}
 if [ -n "${OUT:-}" ]; then
   mkdir -p "$OUT"
   args+=(--out "$OUT/gpu_check.json")
+  set +e
   timeout 175 "$PY" scripts/gpu_check.py "${args[@]}" 2>&1 | tee "$OUT/gpu_check.txt"
-  exit "${PIPESTATUS[0]}"
+  rc=${PIPESTATUS[0]}
+  cuda_check "${1:-}" 2>&1 | tee "$OUT/gpu_check_cuda.txt"
+  rc_cuda=${PIPESTATUS[0]}
+  exit $((rc > rc_cuda ? rc : rc_cuda))
 fi
-exec timeout 175 "$PY" scripts/gpu_check.py "${args[@]}"
+set +e
+timeout 175 "$PY" scripts/gpu_check.py "${args[@]}"
+rc=$?
+cuda_check "${1:-}"
+rc_cuda=$?
+exit $((rc > rc_cuda ? rc : rc_cuda))

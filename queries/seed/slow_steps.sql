@@ -27,6 +27,8 @@ WITH a AS (
         count(*) FILTER (cause = 'steal') AS cause_steal,
         count(*) FILTER (cause = 'page_fault') AS cause_page_fault,
         count(*) FILTER (cause = 'syscall') AS cause_syscall,
+        count(*) FILTER (cause = 'gpu_wait') AS cause_gpu_wait,
+        count(*) FILTER (cause = 'launch') AS cause_launch,
         count(*) FILTER (cause = 'uncovered') AS cause_uncovered,
         count(*) FILTER (cause = 'code') AS cause_code,
         count(*) FILTER (cause = 'cpu_slow') AS cause_cpu_slow,
@@ -44,9 +46,10 @@ SELECT
     excess_ns,                                           -- total excess of the slow steps, ns
     submit_excess_ns,                                    -- of which inside submit (per step at most its excess), ns
     round(submit_excess_ns / nullif(excess_ns, 0), 4) AS submit_share, -- submit_excess_ns / excess_ns, 0..1
-    CASE greatest(cause_gc, cause_lock, cause_peer, cause_runqueue, cause_throttled, cause_preemption, cause_blocked, cause_irq, cause_steal, cause_page_fault, cause_syscall, cause_migration, cause_code, cause_submit, cause_gpu_clock, cause_cpu_slow, cause_uncovered, cause_unexplained)
+    CASE greatest(cause_gc, cause_gpu_wait, cause_lock, cause_peer, cause_runqueue, cause_throttled, cause_preemption, cause_blocked, cause_irq, cause_steal, cause_page_fault, cause_syscall, cause_migration, cause_launch, cause_code, cause_submit, cause_gpu_clock, cause_cpu_slow, cause_uncovered, cause_unexplained)
         WHEN 0 THEN NULL
         WHEN cause_gc THEN 'gc'
+        WHEN cause_gpu_wait THEN 'gpu_wait'
         WHEN cause_lock THEN 'lock'
         WHEN cause_peer THEN 'peer'
         WHEN cause_runqueue THEN 'runqueue'
@@ -58,6 +61,7 @@ SELECT
         WHEN cause_page_fault THEN 'page_fault'
         WHEN cause_syscall THEN 'syscall'
         WHEN cause_migration THEN 'migration'
+        WHEN cause_launch THEN 'launch'
         WHEN cause_code THEN 'code'
         WHEN cause_submit THEN 'submit'
         WHEN cause_gpu_clock THEN 'gpu_clock'
@@ -81,6 +85,8 @@ SELECT
     cause_page_fault,      -- slow steps whose cause is page_fault
     cause_syscall,         -- slow steps whose cause is syscall
     cause_uncovered,       -- slow steps whose cause is uncovered
+    cause_gpu_wait,        -- slow steps whose cause is gpu_wait
+    cause_launch,          -- slow steps whose cause is launch
     cause_code,            -- slow steps whose cause is code
     cause_cpu_slow,        -- slow steps whose cause is cpu_slow
     idle_steps               -- idle steps (never slow)

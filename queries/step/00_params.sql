@@ -42,6 +42,12 @@ SELECT
     -- long (nanoseconds): a GIL waiter times out every switch interval,
     -- runs a few microseconds, and waits again until the holder wakes it.
     coalesce(getvariable('step_lock_chain_gap_ns'), 50000)::BIGINT      AS lock_chain_gap_ns,
+    -- a CUDA sync that returned within this of its thread's return to a CPU
+    -- after a preemption may have been done while the thread was off CPU: that
+    -- preemption stays preemption; earlier ones (the thread then waited on)
+    -- are GPU wait. Nanoseconds; ~50 us pass from a switch-in to the sync's
+    -- return on a loaded VM. step_components keep the value they were filled with.
+    coalesce(getvariable('step_cuda_sync_tail_ns'), 500000)::BIGINT    AS cuda_sync_tail_ns,
     -- A step waited for a span of another process of its run group (a
     -- peer span: step_attribution.peer_*) when that span started inside the
     -- step and the step ended at most peer_end_gap_ns (nanoseconds) plus

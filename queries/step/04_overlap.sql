@@ -90,7 +90,8 @@ CREATE OR REPLACE VIEW _offcpu_event AS SELECT * FROM _offcpu_event_of(false);
 -- several times slower.)
 -- Source rows of step threads. src: 0 GC pass, 1 off-CPU, 2 run-queue
 -- wait, 3 migration (an instant: xs = xe), 4 system calls, 5 page faults
--- (xs = xe allowed: an instant), 6 IRQ time. Kernel rows keep their pid;
+-- (xs = xe allowed: an instant), 6 IRQ time, 7 CUDA driver calls (label:
+-- the kind, n: count, v_ns: total_ns). Kernel rows keep their pid;
 -- GC rows are repeated for every step thread of their run. Columns that
 -- only some sources fill: generation (GC), preempted, wake_ns, who_*, cls
 -- (off-CPU), n (GC: objects collected; syscalls, page faults: count),
@@ -134,7 +135,11 @@ FROM page_faults WHERE end_ns >= start_ns AND (NOT scoped OR end_ns >= (SELECT f
 UNION ALL
 SELECT pid, tid, 6::UTINYINT, NULL, NULL, NULL, NULL, start_ns, end_ns,
        NULL, NULL, NULL, NULL, kind, NULL
-FROM irq_time WHERE end_ns > start_ns AND (NOT scoped OR end_ns >= (SELECT first_ns FROM bound));
+FROM irq_time WHERE end_ns > start_ns AND (NOT scoped OR end_ns >= (SELECT first_ns FROM bound))
+UNION ALL
+SELECT pid, tid, 7::UTINYINT, NULL, NULL, coalesce(count, 1), coalesce(total_ns, end_ns - start_ns),
+       start_ns, end_ns, NULL, NULL, NULL, NULL, kind, NULL
+FROM cuda_calls WHERE end_ns >= start_ns AND (NOT scoped OR end_ns >= (SELECT first_ns FROM bound));
 
 CREATE OR REPLACE VIEW _step_interval AS SELECT * FROM _step_interval_of(false);
 
@@ -210,6 +215,9 @@ WITH o AS MATERIALIZED (
 ), gcl AS (     -- the GC passes inside each step, as a list of [a, b]
     SELECT run_id, tid, step_idx, list({'a': a_ns, 'b': b_ns}) AS gcs
     FROM o WHERE src = 0 GROUP BY run_id, tid, step_idx
+), syl AS (    -- the exact CUDA syncs and polling loops inside each step, as a list of [a, b]
+    SELECT run_id, tid, step_idx, list({'a': a_ns, 'b': b_ns}) AS syncs
+    FROM o WHERE src = 7 AND n = 1 AND label IN ('sync', 'poll') GROUP BY run_id, tid, step_idx
 ), x AS (
     SELECT o.*,
         CASE WHEN f.submit_start_ns IS NULL THEN 0   -- least/greatest skip NULLs: guard
@@ -219,12 +227,32 @@ WITH o AS MATERIALIZED (
         CASE WHEN o.src = 1 AND NOT coalesce(o.preempted, false) THEN
             CASE WHEN o.wake_ns IS NULL THEN o.b_ns ELSE least(o.b_ns, greatest(o.a_ns, o.wake_ns)) END
         END AS m_ns,
-        g.gcs
+        g.gcs, sy.syncs, tp.cuda_sync_tail_ns AS sync_tail_ns
     FROM o
+    CROSS JOIN (SELECT cuda_sync_tail_ns FROM step_params) tp
     LEFT JOIN _step_submit_call_of(scoped) f USING (run_id, tid, step_idx)
     LEFT JOIN gcl g ON o.src IN (1, 6) AND g.run_id = o.run_id AND g.tid = o.tid AND g.step_idx = o.step_idx
+    LEFT JOIN syl sy ON o.src = 1 AND sy.run_id = o.run_id AND sy.tid = o.tid AND sy.step_idx = o.step_idx
 ), y AS (
     SELECT x.*,
+        -- off-CPU time inside the step's exact CUDA syncs while the GPU was
+        -- still busy: asleep until the wake-up (the driver's: the GPU was
+        -- done), or preempted when the sync went on after it (the thread
+        -- waited on). Held: the run-queue wait after a wake-up, and a
+        -- preemption the sync ended right after (cuda_sync_tail_ns): the GPU
+        -- may have been done meanwhile, so that time is the CPU's.
+        CASE WHEN syncs IS NULL THEN 0
+             WHEN m_ns IS NOT NULL THEN
+                 list_sum([greatest(0, least(m_ns, q.b) - greatest(a_ns, q.a)) FOR q IN syncs])
+             ELSE list_sum([CASE WHEN q.b - b_ns > sync_tail_ns
+                                 THEN greatest(0, least(b_ns, q.b) - greatest(a_ns, q.a)) ELSE 0 END
+                            FOR q IN syncs]) END AS in_sync_off_ns,
+        CASE WHEN syncs IS NULL THEN 0
+             WHEN m_ns IS NOT NULL THEN
+                 list_sum([greatest(0, least(b_ns, q.b) - greatest(m_ns, q.a)) FOR q IN syncs])
+             ELSE list_sum([CASE WHEN q.b - b_ns <= sync_tail_ns
+                                 THEN greatest(0, least(b_ns, q.b) - greatest(a_ns, q.a)) ELSE 0 END
+                            FOR q IN syncs]) END AS in_sync_held_ns,
         -- GC time inside [a, m] (the sleep or preempted part) and [m, b] (the run-queue part)
         CASE WHEN gcs IS NULL THEN 0 ELSE
             list_sum([greatest(0, least(coalesce(m_ns, b_ns), q.b) - greatest(a_ns, q.a)) FOR q IN gcs]) END
@@ -296,6 +324,16 @@ WITH o AS MATERIALIZED (
         round(sum(n * frac) FILTER (src = 5))::BIGINT AS page_faults,
         round(sum(v_ns * frac) FILTER (src = 5))::BIGINT AS page_fault_raw_ns,
         sum(greatest(0, overlap_ns - gc_first_ns)) FILTER (src = 6)::BIGINT AS irq_raw_ns,
+        -- CUDA driver time (summary rows pro-rated by their overlap)
+        round(sum(CASE WHEN n <= 1 OR xe <= xs THEN overlap_ns ELSE v_ns * frac END)
+              FILTER (src = 7 AND label = 'launch'))::BIGINT AS cuda_launch_ns,
+        round(sum(n * frac) FILTER (src = 7 AND label = 'launch'))::BIGINT AS cuda_launches,
+        round(sum(CASE WHEN n <= 1 OR xe <= xs THEN overlap_ns ELSE v_ns * frac END)
+              FILTER (src = 7 AND label IN ('sync', 'poll')))::BIGINT AS cuda_sync_ns,
+        sum(in_sync_off_ns) FILTER (src = 1)::BIGINT AS cuda_sync_off_ns,
+        sum(in_sync_held_ns) FILTER (src = 1)::BIGINT AS cuda_sync_held_ns,
+        round(sum(CASE WHEN n <= 1 OR xe <= xs THEN overlap_ns ELSE v_ns * frac END)
+              FILTER (src = 7 AND label = 'copy'))::BIGINT AS cuda_copy_ns,
         -- processes named by the step's off-CPU rows (the filler's invalidation key)
         list_sort(list(DISTINCT who_pid) FILTER (src = 1 AND who_pid IS NOT NULL)) AS who_pids
     FROM z
@@ -313,7 +351,9 @@ SELECT m.run_id, m.tid, m.step_idx, m.gc_ns, m.gc0_ns, m.gc1_ns, m.gc2_ns, m.gc_
     m.gc_generation, m.gc_collected, m.gc_in_submit_ns, m.preempted_raw_ns, m.blocked_raw_ns,
     m.runq_raw_ns, m.migrations, m.offcpu_intervals, m.offcpu_in_submit_ns, m.preemption_ns,
     m.throttled_ns, m.lock_ns, m.peer_ns, m.blocked_woken_ns, m.blocked_unsplit_ns,
-    m.runqueue_woken_ns, m.page_faults, m.page_fault_raw_ns, m.irq_raw_ns, m.who_pids,
+    m.runqueue_woken_ns, m.page_faults, m.page_fault_raw_ns, m.irq_raw_ns, m.cuda_launch_ns,
+    m.cuda_launches, m.cuda_sync_ns, m.cuda_sync_off_ns, m.cuda_sync_held_ns, m.cuda_copy_ns,
+    m.who_pids,
     m.preemptor, m.waker, m.syscall_total_ns, m.top_syscall
 FROM step_components m JOIN _step_frontier f USING (run_id, tid)
 WHERE m.step_idx <= f.filled_idx AND m.has_components

@@ -13,17 +13,30 @@
 --               order (an earlier one keeps time a later one also claims):
 --     gc          GC passes of the run (any thread) overlapping the step;
 --                 a wait that a GC pass overlaps is GC, whoever waits
---     off CPU (the step thread's off-CPU intervals, less their GC time):
+--     gpu_wait    host time in CUDA synchronisations and polling loops
+--                 (cuda_sync_ns), asleep or spinning, less the time held
+--                 off a CPU inside them when the GPU may have been done (the
+--                 run-queue wait after a sync's wake-up, a preemption the
+--                 sync ended right after, cuda_sync_tail_ns: those stay
+--                 runqueue and preemption), above the median of that over
+--                 the run's non-idle steps of the same stage and batch; the
+--                 other off-CPU time inside exact syncs is taken out of the
+--                 blocked, lock, peer, preemption and throttled parts below
+--                 (a sleeping sync is never 'blocked'); sync time under a
+--                 dropped GPU clock is gpu_clock
+--     off CPU (the step thread's off-CPU intervals, less their GC time and
+--     their time inside CUDA syncs):
+--     peer        asleep until a thread of another traced process woke it,
+--                 or inside the late peer span of its run group (o2 below)
 --     lock        asleep until another thread of the same process woke it
 --                 (a timed-out wait chained to such a wake-up too)
---     peer        asleep until a thread of another traced process woke it
 --     runqueue    runnable after a wake-up, waiting for a CPU (runq_ns)
 --     throttled   preempted while the CPU then ran nothing (a CPU quota)
 --     preemption  preempted (involuntary switch-out) otherwise (preempted_ns)
 --     blocked     asleep for any other reason: timer, I/O, device, an
 --                 untraced process, or an unknown waker (blocked_ns)
 --     on CPU (each capped by what the ones before left of the step's time
---     outside GC and off-CPU time):
+--     outside GC, off-CPU and CUDA sync time):
 --     irq         hard/soft IRQ handlers run on the thread's CPU while it
 --                 was current (irq_time), less GC time
 --     steal       hypervisor steal on the thread's CPU, pro-rated
@@ -33,13 +46,17 @@
 --     syscall     time inside system calls less the voluntary off-CPU time
 --                 of the step (syscall time while on CPU, estimated)
 --     migration   migrations x migration_cost_ns (50 us)
+--     launch      host time in CUDA launch calls (cuda_launch_ns) above the
+--                 median of the run's non-idle steps of the same stage and
+--                 batch (a launch storm, a full launch queue)
 --     code        (slow steps) the largest localized excess of the step's CPU
 --                 profile (step_profile: a frame holding more of the step's
 --                 own samples than its share of the baseline steps' samples,
 --                 significant at code_z), samples x the sampling period;
 --                 code_frame: the deepest such frame holding at least half of it
 --     submit      submit_excess_ns less GC and off-CPU time inside submit,
---                 less the code excess found inside submit
+--                 less the gpu_wait and launch parts, and less the code
+--                 excess found inside submit
 --     gpu_clock   step time under an SM clock below gpu_clock_factor (0.9)
 --                 x the run's reference clock while the GPU was not idle
 --     cpu_slow    (slow steps no earlier component names) the step's on-CPU
@@ -76,13 +93,15 @@ cov_run AS (   -- which probes ever covered each run
     SELECT run_id,
         bool_or(probe = 'sched') AS sched, bool_or(probe = 'syscalls') AS syscalls,
         bool_or(probe = 'page_faults') AS page_faults, bool_or(probe = 'irq') AS irq,
-        bool_or(probe = 'steal') AS steal, bool_or(probe = 'cpu') AS cpu
+        bool_or(probe = 'steal') AS steal, bool_or(probe = 'cuda') AS cuda,
+        bool_or(probe = 'cpu') AS cpu
     FROM coverage GROUP BY run_id
 ), cov_step AS ( -- which probes covered each step
     SELECT f.run_id, f.tid, f.step_idx,
         bool_or(c.probe = 'sched') AS sched, bool_or(c.probe = 'syscalls') AS syscalls,
         bool_or(c.probe = 'page_faults') AS page_faults, bool_or(c.probe = 'irq') AS irq,
-        bool_or(c.probe = 'steal') AS steal, bool_or(c.probe = 'cpu') AS cpu
+        bool_or(c.probe = 'steal') AS steal, bool_or(c.probe = 'cuda') AS cuda,
+        bool_or(c.probe = 'cpu') AS cpu
     FROM f JOIN step_coverage c
       ON c.run_id = f.run_id AND c.start_ns <= f.start_ns AND c.end_ns >= f.end_ns
     GROUP BY ALL
@@ -136,18 +155,24 @@ cov_run AS (   -- which probes ever covered each run
         coalesce(cs.page_faults, false) AS page_faults_cov,
         coalesce(cs.irq, false) AS irq_cov,
         coalesce(cs.steal, false) AS steal_cov,
-        list_filter(['sched', 'syscalls', 'page_faults', 'irq', 'steal', 'cpu'],
+        coalesce(cs.cuda, false) AS cuda_cov,
+        list_filter(['sched', 'syscalls', 'page_faults', 'irq', 'steal', 'cuda', 'cpu'],
             lambda q: CASE q WHEN 'sched' THEN coalesce(cr.sched, false) AND NOT coalesce(cs.sched, false)
                              WHEN 'syscalls' THEN coalesce(cr.syscalls, false) AND NOT coalesce(cs.syscalls, false)
                              WHEN 'page_faults' THEN coalesce(cr.page_faults, false) AND NOT coalesce(cs.page_faults, false)
                              WHEN 'irq' THEN coalesce(cr.irq, false) AND NOT coalesce(cs.irq, false)
+                             WHEN 'cuda' THEN coalesce(cr.cuda, false) AND NOT coalesce(cs.cuda, false)
                              WHEN 'steal' THEN coalesce(cr.steal, false) AND NOT coalesce(cs.steal, false)
                              ELSE coalesce(cr.cpu, false) AND NOT coalesce(cs.cpu, false) END) AS uncovered_probes,
         c.lock_ns AS c_lock_ns, c.peer_ns AS c_peer_ns, c.runqueue_woken_ns, c.blocked_woken_ns,
         c.blocked_unsplit_ns, c.preemption_ns AS c_preemption_ns, c.throttled_ns AS c_throttled_ns,
         c.preempted_raw_ns, c.blocked_raw_ns, c.runq_raw_ns, c.migrations AS c_migrations,
         c.preemptor, c.waker, c.syscall_total_ns AS c_syscall_total_ns, c.top_syscall AS c_top_syscall,
-        c.page_faults AS c_page_faults, c.page_fault_raw_ns, c.irq_raw_ns, stl.steal_ns AS c_steal_ns
+        c.page_faults AS c_page_faults, c.page_fault_raw_ns, c.irq_raw_ns, stl.steal_ns AS c_steal_ns,
+        c.cuda_launch_ns AS c_cuda_launch_ns, c.cuda_launches AS c_cuda_launches,
+        c.cuda_sync_ns AS c_cuda_sync_ns, c.cuda_sync_off_ns AS c_cuda_sync_off_ns,
+        c.cuda_sync_held_ns AS c_cuda_sync_held_ns,
+        c.cuda_copy_ns AS c_cuda_copy_ns
     FROM f
     CROSS JOIN p
     LEFT JOIN _step_components c ON c.run_id = f.run_id AND c.tid = f.tid AND c.step_idx = f.step_idx
@@ -245,11 +270,49 @@ cov_run AS (   -- which probes ever covered each run
                                      least(pl.late.excess_ns, pl.late.overlap_ns) END, 0),
                                  greatest(0, o.duration_ns - o.gc_ns)) AS match_ns) z) y
     ) x
+), cb AS (     -- CUDA baselines: medians of the run's non-idle covered steps of the same stage and batch
+    SELECT run_id, stage, batch,
+        median(coalesce(c_cuda_sync_ns, 0) - coalesce(c_cuda_sync_held_ns, 0)) FILTER (cuda_cov)
+            AS cuda_sync_baseline_ns,
+        median(coalesce(c_cuda_launch_ns, 0)) FILTER (cuda_cov) AS cuda_launch_baseline_ns
+    FROM o2 WHERE NOT idle GROUP BY ALL
+), w AS (      -- gpu_wait, and the off-CPU time inside syncs the off-CPU parts give up
+    SELECT o.*, cb.cuda_sync_baseline_ns, cb.cuda_launch_baseline_ns,
+        CASE WHEN cuda_cov THEN coalesce(c_cuda_sync_ns, 0) END AS sync_raw,
+        CASE WHEN cuda_cov THEN coalesce(c_cuda_sync_held_ns, 0) ELSE 0 END AS sync_held,
+        CASE WHEN cuda_cov THEN least(coalesce(c_cuda_sync_off_ns, 0), coalesce(c_cuda_sync_ns, 0))
+             ELSE 0 END AS so,
+        CASE WHEN cuda_cov THEN greatest(0, least(coalesce(c_cuda_sync_ns, 0) - coalesce(c_cuda_sync_held_ns, 0)
+                 - coalesce(cb.cuda_sync_baseline_ns, 0), duration_ns - gc_ns))::BIGINT END AS gpu_wait_raw,
+        CASE WHEN cuda_cov THEN greatest(0, coalesce(c_cuda_launch_ns, 0)
+                 - coalesce(cb.cuda_launch_baseline_ns, 0))::BIGINT END AS launch_raw
+    FROM o2 o
+    LEFT JOIN cb ON cb.run_id = o.run_id AND cb.stage IS NOT DISTINCT FROM o.stage AND cb.batch = o.batch
+), w1 AS (
+    SELECT w.*, least(coalesce(blocked_ns, 0), so) AS t_b FROM w
+), w2 AS (
+    SELECT w1.*, least(coalesce(lock_ns, 0), so - t_b) AS t_l FROM w1
+), w3 AS (
+    SELECT w2.*, least(coalesce(peer_ns, 0), so - t_b - t_l) AS t_p FROM w2
+), w4 AS (
+    SELECT w3.*, least(coalesce(preempted_ns, 0), so - t_b - t_l - t_p) AS t_pre FROM w3
+), w5 AS (
+    SELECT w4.*, least(coalesce(throttled_ns, 0), so - t_b - t_l - t_p - t_pre) AS t_th FROM w4
+), v AS (      -- the off-CPU parts less their GPU-wait time; gpu_wait under a dropped clock is gpu_clock
+    SELECT w5.* REPLACE (
+            blocked_ns - t_b AS blocked_ns, lock_ns - t_l AS lock_ns, peer_ns - t_p AS peer_ns,
+            preempted_ns - t_pre AS preempted_ns, throttled_ns - t_th AS throttled_ns,
+            greatest(submit_raw_ns - coalesce(gpu_wait_raw, 0) - coalesce(launch_raw, 0), 0) AS submit_raw_ns),
+        CASE WHEN gpu_clock_raw_ns > 0 THEN least(coalesce(gpu_wait_raw, 0), gpu_clock_raw_ns) ELSE 0 END
+            AS gpu_wait_clock_ns
+    FROM w5
 ), r AS MATERIALIZED (  -- on-CPU raw parts, and the time they may share: the wall time
                -- outside GC and the off-CPU parts
-    SELECT o.*,
+    SELECT v.*,
+        CASE WHEN gpu_wait_raw IS NOT NULL THEN gpu_wait_raw - gpu_wait_clock_ns END AS gpu_wait_ns,
         greatest(0, duration_ns - gc_ns - coalesce(lock_ns, 0) - coalesce(peer_ns, 0) - coalesce(runq_ns, 0)
-                 - coalesce(throttled_ns, 0) - coalesce(preempted_ns, 0) - coalesce(blocked_ns, 0)) AS room_ns,
+                 - coalesce(throttled_ns, 0) - coalesce(preempted_ns, 0) - coalesce(blocked_ns, 0)
+                 - (coalesce(sync_raw, 0) - sync_held)) AS room_ns,
         CASE WHEN irq_cov THEN coalesce(irq_raw_ns, 0) END AS irq_raw,
         CASE WHEN steal_cov THEN coalesce(c_steal_ns, 0) END AS steal_raw,
         -- a fault's measured time runs to the thread's next fault, so user work
@@ -265,7 +328,7 @@ cov_run AS (   -- which probes ever covered each run
         CASE WHEN syscalls_cov THEN   -- time in syscalls less the voluntary off-CPU time
             greatest(0, coalesce(c_syscall_total_ns, 0) - coalesce(blocked_raw_ns, 0)) END AS syscall_raw,
         migrations * migration_cost_ns AS migration_raw
-    FROM o2 o
+    FROM v
 ), pg AS MATERIALIZED (  -- each baseline group's normal steps the CPU sampler covered
     SELECT run_id, gkey, count(*) AS steps, sum(cpu_n) AS s_n,
            sum(duration_ns) AS s_dur, sum(room_ns) AS s_room
@@ -332,13 +395,17 @@ cov_run AS (   -- which probes ever covered each run
         coalesce(irq_raw, 0) + coalesce(steal_raw, 0) + coalesce(page_fault_raw, 0)
             + coalesce(syscall_raw, 0) + coalesce(migration_raw, 0) AS p5,
         coalesce(irq_raw, 0) + coalesce(steal_raw, 0) + coalesce(page_fault_raw, 0)
-            + coalesce(syscall_raw, 0) + coalesce(migration_raw, 0) + coalesce(code_raw, 0) AS p6,
+            + coalesce(syscall_raw, 0) + coalesce(migration_raw, 0) + coalesce(launch_raw, 0) AS p6,
         coalesce(irq_raw, 0) + coalesce(steal_raw, 0) + coalesce(page_fault_raw, 0)
-            + coalesce(syscall_raw, 0) + coalesce(migration_raw, 0) + coalesce(code_raw, 0)
-            + greatest(submit_raw_ns - code_in_submit_raw, 0) AS p7,
+            + coalesce(syscall_raw, 0) + coalesce(migration_raw, 0) + coalesce(launch_raw, 0)
+            + coalesce(code_raw, 0) AS p7,
         coalesce(irq_raw, 0) + coalesce(steal_raw, 0) + coalesce(page_fault_raw, 0)
-            + coalesce(syscall_raw, 0) + coalesce(migration_raw, 0) + coalesce(code_raw, 0)
-            + greatest(submit_raw_ns - code_in_submit_raw, 0) + gpu_clock_raw_ns AS p8
+            + coalesce(syscall_raw, 0) + coalesce(migration_raw, 0) + coalesce(launch_raw, 0)
+            + coalesce(code_raw, 0) + greatest(submit_raw_ns - code_in_submit_raw, 0) AS p8,
+        coalesce(irq_raw, 0) + coalesce(steal_raw, 0) + coalesce(page_fault_raw, 0)
+            + coalesce(syscall_raw, 0) + coalesce(migration_raw, 0) + coalesce(launch_raw, 0)
+            + coalesce(code_raw, 0) + greatest(submit_raw_ns - code_in_submit_raw, 0)
+            + gpu_clock_raw_ns AS p9
     FROM rc
 ), c AS (      -- each on-CPU part capped by what the earlier ones left of room_ns:
                -- least(p_k, room) - least(p_k-1, room)
@@ -348,17 +415,18 @@ cov_run AS (   -- which probes ever covered each run
         CASE WHEN page_fault_raw IS NOT NULL THEN least(p3, room_ns) - least(p2, room_ns) END AS page_fault_ns,
         CASE WHEN syscall_raw IS NOT NULL THEN least(p4, room_ns) - least(p3, room_ns) END AS syscall_ns,
         CASE WHEN migration_raw IS NOT NULL THEN least(p5, room_ns) - least(p4, room_ns) END AS migration_ns,
-        CASE WHEN code_raw IS NOT NULL THEN least(p6, room_ns) - least(p5, room_ns) END AS code_ns,
-        least(p7, room_ns) - least(p6, room_ns) AS submit_host_ns,
-        least(p8, room_ns) - least(p7, room_ns) AS gpu_clock_ns
+        CASE WHEN launch_raw IS NOT NULL THEN least(p6, room_ns) - least(p5, room_ns) END AS launch_ns,
+        CASE WHEN code_raw IS NOT NULL THEN least(p7, room_ns) - least(p6, room_ns) END AS code_ns,
+        least(p8, room_ns) - least(p7, room_ns) AS submit_host_ns,
+        least(p9, room_ns) - least(p8, room_ns) + gpu_wait_clock_ns AS gpu_clock_ns
     FROM q
 ), m0 AS MATERIALIZED (  -- the largest part before cpu_slow; `open`: a slow step none of them names
     SELECT c.*, t.top0_ns,
         slow AND NOT (t.top0_ns > 0 AND t.top0_ns >= cause_min_share * excess_ns) AS open
-    FROM c, LATERAL (SELECT greatest(gc_ns, coalesce(lock_ns, 0), coalesce(peer_ns, 0), coalesce(runq_ns, 0),
+    FROM c, LATERAL (SELECT greatest(gc_ns, coalesce(gpu_wait_ns, 0), coalesce(peer_ns, 0), coalesce(lock_ns, 0), coalesce(runq_ns, 0),
                  coalesce(throttled_ns, 0), coalesce(preempted_ns, 0), coalesce(blocked_ns, 0),
                  coalesce(irq_ns, 0), coalesce(steal_ns, 0), coalesce(page_fault_ns, 0),
-                 coalesce(syscall_ns, 0), coalesce(migration_ns, 0), coalesce(code_ns, 0),
+                 coalesce(syscall_ns, 0), coalesce(migration_ns, 0), coalesce(launch_ns, 0), coalesce(code_ns, 0),
                  submit_host_ns, gpu_clock_ns) AS top0_ns) t
 ), pop AS MATERIALIZED (  -- each group's open slow steps as one population
     SELECT m0.run_id, m0.gkey, sum(m0.cpu_n) AS n_pop, sum(m0.excess_ns) AS excess_pop,
@@ -446,8 +514,8 @@ cov_run AS (   -- which probes ever covered each run
 ), m AS (
     SELECT h.*,
         CASE WHEN slow AND cpu_cov THEN
-            (least(p8 + coalesce(cpu_slow_raw, 0), room_ns) - least(p8, room_ns))::BIGINT END AS cpu_slow_ns,
-        greatest(top0_ns, coalesce(least(p8 + coalesce(cpu_slow_raw, 0), room_ns) - least(p8, room_ns), 0))
+            (least(p9 + coalesce(cpu_slow_raw, 0), room_ns) - least(p9, room_ns))::BIGINT END AS cpu_slow_ns,
+        greatest(top0_ns, coalesce(least(p9 + coalesce(cpu_slow_raw, 0), room_ns) - least(p9, room_ns), 0))
             AS top_ns
     FROM h
 ), core AS MATERIALIZED (
@@ -481,6 +549,7 @@ SELECT
         WHEN top_ns > 0 AND top_ns >= cause_min_share * excess_ns THEN
             CASE top_ns
                 WHEN gc_ns THEN 'gc'
+                WHEN gpu_wait_ns THEN 'gpu_wait'
                 WHEN peer_ns THEN 'peer'
                 WHEN lock_ns THEN 'lock'
                 WHEN runq_ns THEN 'runqueue'
@@ -492,6 +561,7 @@ SELECT
                 WHEN page_fault_ns THEN 'page_fault'
                 WHEN syscall_ns THEN 'syscall'
                 WHEN migration_ns THEN 'migration'
+                WHEN launch_ns THEN 'launch'
                 WHEN code_ns THEN 'code'
                 WHEN submit_host_ns THEN 'submit'
                 WHEN gpu_clock_ns THEN 'gpu_clock'
@@ -522,6 +592,13 @@ SELECT
     CASE WHEN sched_cov THEN waker.pid END AS waker_pid,            -- its process
     CASE WHEN sched_cov THEN waker.run_id END AS waker_run_id,      -- its run, when it is a traced process
     uncovered_probes,     -- probes that covered the run at some time but not this step
+    gpu_wait_ns,          -- cuda_sync_ns less its run-queue and preempted time, above its baseline, capped by the step's time outside GC, less its part under a dropped GPU clock, ns; NULL outside cuda coverage
+    launch_ns,            -- cuda_launch_ns above its baseline, capped by the on-CPU time left, ns; NULL outside cuda coverage
+    sync_raw AS cuda_sync_ns,  -- host time in CUDA synchronisations and polling loops (asleep or spinning), ns; NULL outside cuda coverage
+    cuda_sync_baseline_ns,     -- median of cuda_sync_ns less its run-queue and preempted time over the run's non-idle covered steps of the same stage and batch, ns
+    CASE WHEN cuda_cov THEN coalesce(c_cuda_launch_ns, 0) END AS cuda_launch_ns,  -- host time in CUDA launch calls, ns; NULL outside cuda coverage
+    CASE WHEN cuda_cov THEN coalesce(c_cuda_launches, 0) END AS cuda_launches,    -- CUDA launch calls (summary rows pro-rated); NULL outside cuda coverage
+    CASE WHEN cuda_cov THEN coalesce(c_cuda_copy_ns, 0) END AS cuda_copy_ns,       -- host time in CUDA memory copies, ns; NULL outside cuda coverage
     code_ns,              -- slow steps: the largest localized excess of the step's CPU profile (step_profile), capped by the on-CPU time left, ns; NULL for other steps and outside CPU-sampler coverage
     CASE WHEN code_ns > 0 THEN _cpu_node_label(code_frame_of.kind, cf1.function, cf1.file, cf1.line,
                                                cf2.function, cf2.file, cf2.line) END AS code_frame,  -- the deepest frame holding at least half of it: 'qualname (file:line)', or 'module:symbol <- qualname (file:line)' for native code

@@ -60,7 +60,8 @@ print(json.dumps(rows, default=str))
 class DaemonProcess(DaemonChild):
     """Socket, database and log in `tmp_path`; no GPU probe; the scheduling
     backend `sched_backend` ("none" unless given); no CPU sampler unless
-    `extra_args` holds --cpu-sampler (it needs root and takes ~3 s to load);
+    `extra_args` holds --cpu-sampler (it needs root and takes ~3 s to load), no
+    CUDA driver probe unless it holds --cuda-driver;
     `extra_args` appended."""
 
     def __init__(
@@ -87,6 +88,8 @@ class DaemonProcess(DaemonChild):
             args += ["--no-kernel-causes"]
         if "--cpu-sampler" not in self.extra_args:
             args += ["--no-cpu-sampler"]
+        if "--cuda-driver" not in self.extra_args:
+            args += ["--no-cuda-driver"]  # a bcc program to load: only where a test asks
         return args + self.extra_args
 
     def command(self):

@@ -33,12 +33,16 @@ class CollectSink:
     def __init__(self):
         self.batches = {}
         self.losses = []
+        self.statuses = []
 
     def append(self, table, columns):
         self.batches.setdefault(table, []).append({k: _array(v) for k, v in columns.items()})
 
     def loss(self, probe, start_ns, end_ns, count, reason):
         self.losses.append((probe, start_ns, end_ns, count, reason))
+
+    def status(self, probe, backend, state, detail):
+        self.statuses.append((probe, backend, state, detail))
 
     def table(self, name, tid=None):
         """All rows of `name` as one dict of arrays, optionally for one tid."""

@@ -120,6 +120,8 @@ class ServiceProcess:
             ]
             # The CPU sampler (root only, ~3 s to load) only where a test asks for it.
             + ([] if "--cpu-sampler" in self.args else ["--no-cpu-sampler"])
+            # likewise the CUDA driver probe (a bcc program to load)
+            + ([] if "--cuda-driver" in self.args else ["--no-cuda-driver"])
             + self.args
         )
 

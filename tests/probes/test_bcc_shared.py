@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 PROBES = Path(__file__).resolve().parents[2] / "daemon" / "stallscope" / "probes"
-KCAUSE = ("faults_bcc.c", "irq_bcc.c", "syscalls_bcc.c")
+KCAUSE = ("faults_bcc.c", "irq_bcc.c", "syscalls_bcc.c", "cuda_bcc.c")
 BEGIN, END = "// >>> shared preamble", "// <<< shared preamble"
 
 

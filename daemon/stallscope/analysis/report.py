@@ -330,6 +330,7 @@ def _group_section(con, where):
 # One fixed colour per cause (gc red, as in the seed's figures; common ones far apart).
 CAUSE_COLOURS = {
     "gc": "tab:red",
+    "gpu_wait": "darkorange",
     "lock": "tab:cyan",
     "peer": "tab:brown",
     "runqueue": "tab:orange",
@@ -341,6 +342,7 @@ CAUSE_COLOURS = {
     "page_fault": "teal",
     "syscall": "lime",
     "migration": "sienna",
+    "launch": "darkgreen",
     "code": "orangered",
     "submit": "tab:green",
     "gpu_clock": "magenta",

@@ -135,6 +135,40 @@ class ProbeSettings:
         minimum=1,
     )
     steal_poll_ms: float = _key(100.0, "read /proc/stat's steal time this often, ms", minimum=1)
+    # the CUDA driver probe: host time in libcuda (docs/cuda-probe.md)
+    cuda_driver: bool = _key(
+        True,
+        "CUDA driver probe: uprobes on libcuda's launch, sync, query and copy entry points "
+        "of traced processes, attached in diagnosis windows (bcc; needs root)",
+    )
+    cuda_library: str = _key(
+        "libcuda.so",
+        "CUDA driver probe: file name (prefix) of the driver library looked for in a traced "
+        "process's /proc/PID/maps",
+    )
+    cuda_threshold_us: float = _key(
+        50.0,
+        "CUDA driver probe: driver calls at least this long (us) are rows of their own; "
+        "shorter ones summed",
+        minimum=1,
+    )
+    cuda_flush_ms: float = _key(
+        20.0,
+        "CUDA driver probe: a thread's short calls of one kind are one row per this, ms",
+        minimum=1,
+    )
+    cuda_poll_gap_us: float = _key(
+        10000.0,
+        "CUDA driver probe: a polling loop (cuEventQuery/cuStreamQuery until done) ends when "
+        "two queries are further apart than this, us",
+        minimum=1,
+    )
+    cuda_rescan_ms: float = _key(
+        250.0,
+        "CUDA driver probe: look for the driver in traced processes that do not map it yet "
+        "(a library dlopen'ed later) this often, ms",
+        minimum=1,
+    )
     # the CPU sampler: Python stacks of tracked threads on CPU (docs/cpu-sampler.md)
     cpu_sampler: bool = _key(
         True,

@@ -24,6 +24,8 @@ PROBES = {
     "syscalls": ["stallscope.probes.syscalls_bcc:BccSyscallsProbe"],
     # what tracked threads run on CPU, Python frames included (docs/cpu-sampler.md)
     "cpu": ["stallscope.probes.cpu_bcc:BccCpuProbe"],
+    # host time inside the CUDA driver (docs/cuda-probe.md)
+    "cuda": ["stallscope.probes.cuda_bcc:BccCudaProbe"],
 }
 
 

@@ -17,7 +17,9 @@ from stallscope.vocab.log_channels import log_channel
 
 log = logging.getLogger(log_channel(__name__))
 
-EXPENSIVE = ("syscalls",)  # probes attached only in deep mode or a window
+# probes attached only in deep mode or a window: syscalls (every syscall on
+# the host gets slower), cuda (a trap per probed driver call, BENCHMARKS.md)
+EXPENSIVE = ("syscalls", "cuda")
 MAX_WINDOW_S = 3600.0
 
 
@@ -40,8 +42,8 @@ class DeepWindows:
             raise ValueError(f"a diagnosis window needs a positive duration, not {duration_s}")
         if not self.probes:
             raise RuntimeError(
-                "no expensive probe is loaded (the syscall probe needs bcc and root; "
-                "see probe_status)"
+                "no expensive probe is loaded (the syscall and CUDA driver probes need "
+                "bcc and root; see probe_status)"
             )
         duration_s = min(float(duration_s), MAX_WINDOW_S)
         with self._lock:

@@ -91,6 +91,8 @@ SWEEP_S = 1.0
 KERNEL_CAUSE_PROBES = ("page_faults", "irq", "steal", "syscalls")
 # The CPU sampler (docs/cpu-sampler.md), last; `cpu_sampler = false` leaves it off.
 CPU_PROBE = "cpu"
+# The CUDA driver probe (docs/cuda-probe.md); `cuda_driver = false` leaves it off.
+CUDA_PROBE = "cuda"
 
 
 def limit_allocator_caches():
@@ -255,6 +257,7 @@ class Daemon:
         wanted = [("sched", sched_backend), ("gpu", gpu_backend)]
         wanted += [(n, causes) for n in KERNEL_CAUSE_PROBES]
         wanted.append((CPU_PROBE, None if self.settings.cpu_sampler else "none"))
+        wanted.append((CUDA_PROBE, None if self.settings.cuda_driver else "none"))
         for name, prefer in wanted:
             if prefer == "none":
                 self.store.record_probe_status(

@@ -122,6 +122,7 @@ PROBE_TABLES = frozenset(
         "migrations",
         "sched_summary",
         "syscalls",
+        "cuda_calls",
         "page_faults",
         "irq_time",
         "steal",

@@ -41,6 +41,7 @@ KERNEL_SOURCES = {
     "syscalls": "start_ns",
     "page_faults": "start_ns",
     "irq_time": "start_ns",
+    "cuda_calls": "start_ns",
 }
 RUN_SOURCES = {"gc_events": ("run_id",), "spans": ("run_id", "tid")}
 # Threads filled per cycle: each costs a few small queries, so a database

@@ -19,6 +19,7 @@ PREFILL_STAGE = "prefill"  # prompt processing: not a stall in the seed tables
 BASELINE_MIN_STEPS = 5  # smallest baseline group; smaller ones fall back
 WORK_BUCKETS_PER_OCTAVE = 4.0  # work buckets per doubling of spans.work
 LOCK_CHAIN_GAP_NS = 50_000  # a timed-out wait joins the lock wait that follows within this
+CUDA_SYNC_TAIL_NS = 500_000  # a sync ending this soon after a preemption: that one stays preemption
 PEER_END_GAP_NS = 1_000_000  # a step waited for a peer span that ended at most this long before it
 PEER_END_GAP_SHARE = (
     0.1  # ... plus this share of the peer's time inside the step (poll back-off, preemption)
@@ -39,17 +40,28 @@ DEFAULT_SAMPLE_HZ = 1000  # CPU samples of coverage rows without a rate
 
 # Every cause step_attribution names, in precedence order (ties go to the
 # earlier; shared/ARCHITECTURE.md's one order for the wave): waits (time the
-# step waited on something else, asleep or spinning), then its own CPU time,
-# then the two verdicts of a slow step that no component explains. `peer`
-# covers a wait for another process of the run group whether the step slept
-# or spun (peer_wait), so it comes before the off-CPU parts.
-OFF_CPU_CAUSES = ("gc", "peer", "lock", "runqueue", "throttled", "preemption", "blocked")
+# step waited on something else, asleep or spinning: gpu_wait is the host
+# waiting on the GPU), then its own CPU time, then the two verdicts of a slow
+# step that no component explains. `peer` covers a wait for another process
+# of the run group whether the step slept or spun (peer_wait), so it comes
+# before the off-CPU parts.
+OFF_CPU_CAUSES = (
+    "gc",
+    "gpu_wait",
+    "peer",
+    "lock",
+    "runqueue",
+    "throttled",
+    "preemption",
+    "blocked",
+)
 ON_CPU_CAUSES = (
     "irq",
     "steal",
     "page_fault",
     "syscall",
     "migration",
+    "launch",
     "code",
     "submit",
     "gpu_clock",
@@ -66,6 +78,7 @@ PEER_WAITS = ("slept", "spun")
 # The step_attribution column that sizes each cause's component (ns).
 CAUSE_COLUMNS = {
     "gc": "gc_ns",
+    "gpu_wait": "gpu_wait_ns",
     "lock": "lock_ns",
     "peer": "peer_ns",
     "runqueue": "runq_ns",
@@ -77,6 +90,7 @@ CAUSE_COLUMNS = {
     "page_fault": "page_fault_ns",
     "syscall": "syscall_ns",
     "migration": "migration_ns",
+    "launch": "launch_ns",
     "code": "code_ns",
     "submit": "submit_host_ns",
     "gpu_clock": "gpu_clock_ns",
