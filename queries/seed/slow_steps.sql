@@ -46,12 +46,12 @@ SELECT
     excess_ns,                                           -- total excess of the slow steps, ns
     submit_excess_ns,                                    -- of which inside submit (per step at most its excess), ns
     round(submit_excess_ns / nullif(excess_ns, 0), 4) AS submit_share, -- submit_excess_ns / excess_ns, 0..1
-    CASE greatest(cause_gc, cause_gpu_wait, cause_lock, cause_peer, cause_runqueue, cause_throttled, cause_preemption, cause_blocked, cause_irq, cause_steal, cause_page_fault, cause_syscall, cause_migration, cause_launch, cause_code, cause_submit, cause_gpu_clock, cause_cpu_slow, cause_uncovered, cause_unexplained)
+    CASE greatest(cause_gc, cause_gpu_wait, cause_peer, cause_lock, cause_runqueue, cause_throttled, cause_preemption, cause_blocked, cause_irq, cause_steal, cause_page_fault, cause_syscall, cause_migration, cause_launch, cause_code, cause_submit, cause_gpu_clock, cause_cpu_slow, cause_uncovered, cause_unexplained)
         WHEN 0 THEN NULL
         WHEN cause_gc THEN 'gc'
         WHEN cause_gpu_wait THEN 'gpu_wait'
-        WHEN cause_lock THEN 'lock'
         WHEN cause_peer THEN 'peer'
+        WHEN cause_lock THEN 'lock'
         WHEN cause_runqueue THEN 'runqueue'
         WHEN cause_throttled THEN 'throttled'
         WHEN cause_preemption THEN 'preemption'

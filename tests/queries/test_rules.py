@@ -35,6 +35,9 @@ def test_every_cause_of_the_views_is_in_the_vocabulary():
     assert waits == set(rules.PEER_WAITS)
     slow = (QUERIES / "seed" / "slow_steps.sql").read_text()
     assert set(re.findall(r"cause = '(\w+)'", slow)) == set(rules.CAUSES)
+    # its top cause breaks ties in the same order
+    top = re.findall(r"WHEN cause_\w+ THEN '(\w+)'", slow) + ["unexplained"]  # the ELSE
+    assert tuple(top) == rules.CAUSES, top
     # the precedence of the CASE is the order of rules.CAUSES
     order = re.findall(r"WHEN \w+ THEN '(\w+)'", sql.split("CASE top_ns")[1])
     order.append(re.search(r"ELSE '(\w+)'\s+END", sql.split("CASE top_ns")[1]).group(1))
