@@ -263,7 +263,7 @@ def test_status_and_runs(qd):
     assert st.db_path == qd.db and st.db_bytes > 0
     assert st.daemon_pid == qd.proc.pid
     assert st.records_received >= N_STEPS and st.rows_written >= N_STEPS
-    off = ("sched", "gpu", "page_faults", "irq", "steal", "syscalls", "cpu")  # all off by flags
+    off = ("sched", "gpu", "page_faults", "irq", "steal", "syscalls", "cpu", "cuda")  # all off
     assert {p.probe: p.state for p in st.probes} == dict.fromkeys(off, "unavailable")
     assert all(p.detail for p in st.probes)
     runs = qd.client.runs()
