@@ -248,7 +248,9 @@ def test_daemon_selects_and_runs_the_probe(fake, tmp_path):
         str(tmp_path / "probe.sock"),
         str(tmp_path / "d.duckdb"),
         sched_backend="none",
-        settings=ProbeSettings(gpu_poll_hz=40, kernel_causes=False, cpu_sampler=False),
+        settings=ProbeSettings(
+            gpu_poll_hz=40, kernel_causes=False, cpu_sampler=False, cuda_driver=False
+        ),
     )
     try:
         assert d.active_probes() == ["gpu=nvml"]
