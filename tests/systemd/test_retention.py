@@ -263,7 +263,9 @@ def test_running_daemon_trims_an_oversized_database(tmp_path):
     used, block = svc.query(
         "SELECT used_blocks * block_size, block_size FROM pragma_database_size()"
     )[0]
-    # What the daemon writes after the check (its own rows, checkpointed at
-    # stop) can take one more block than the check saw (block-granular, as
-    # freed space is).
-    assert used <= limit_mb * 2**20 + block
+    # What the daemon writes after the check (its own rows: probe_status and
+    # coverage of every probe, daemon_stats; checkpointed at stop) can take
+    # up to two more blocks than the check saw (block-granular, as freed
+    # space is; one block was enough before the CPU and CUDA probes' rows:
+    # 25 blocks against 23.9 + 1 then).
+    assert used <= limit_mb * 2**20 + 2 * block
