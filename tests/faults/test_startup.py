@@ -114,3 +114,32 @@ def test_sigterm_during_startup_stores_or_reports_every_sent_record(tmp_path, ph
         stored=stored,
         reported_lost=lost,
     )
+
+
+def test_sigusr2_writes_every_threads_stack_and_changes_nothing(tmp_path):
+    """`systemctl kill -s USR2`: every thread's Python stack in the log (the
+    main loop's and the writer's among them), then the daemon goes on
+    storing and stops with status 0."""
+    from helpers.daemonproc import DaemonProcess
+
+    import probe_client
+
+    d = DaemonProcess(tmp_path).start()
+    try:
+        d.proc.send_signal(signal.SIGUSR2)
+        deadline = time.monotonic() + 10
+        while "Current thread" not in d.new_log() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        dump = d.new_log()
+        assert "Current thread" in dump and dump.count("Thread 0x") >= 2, dump
+        assert "server.py" in dump and "store" in dump, dump
+        p = probe_client.connect(socket_path=d.socket, gc=False)
+        for _ in range(5):
+            p.end("step", p.begin())
+        p.close()
+        rc, _ = d.stop()
+        assert rc == 0, d.read_log()
+        assert d.query("SELECT count(*) FROM spans") == [(5,)]
+    finally:
+        if d.proc.poll() is None:
+            d.kill()

@@ -156,7 +156,7 @@ def test_a_real_client_reports_without_complaint_and_old_clients_still_work(daem
     s.send(wire.HEADER.pack(wire.MAGIC, 1, wire.DGRAM_BYE, 0, 32, 1, 1, 0, 0))
     s.recv(10)
     s.close()
-    assert daemon.stop()[0] == 0
+    assert daemon.stop()[0] == 0, daemon.read_log()
     assert stats["pythreads_status"] == "ok" and stats["pythreads_errors"] == 0
     assert stats["pythreads_sent"] >= 2
     assert daemon.query("SELECT reason, sum(count) FROM ingest_errors GROUP BY ALL") == []
@@ -178,7 +178,7 @@ def test_a_client_that_cannot_introspect_says_so_once_and_sends_nothing(daemon):
     out = subprocess.run([py39, "-c", code], capture_output=True, text=True, env=env, timeout=60)
     assert out.returncode == 0, out.stderr
     stats = json.loads(out.stdout)
-    assert daemon.stop()[0] == 0
+    assert daemon.stop()[0] == 0, daemon.read_log()
     assert stats["pythreads_status"].startswith("refused: CPython 3.9: unknown frame layout")
     assert stats["pythreads_sent"] == 0 and stats["pythreads_errors"] == 0
     assert out.stderr == ""  # nothing on the engine's stderr

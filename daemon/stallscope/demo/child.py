@@ -88,10 +88,44 @@ class DaemonChild:
         try:
             rc = self.proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
+            self._dump_stuck(time.monotonic() - t0)
             self.proc.kill()
             rc = self.proc.wait()
         self._logf.close()
         return rc, time.monotonic() - t0
+
+    def _dump_stuck(self, waited_s):
+        """A child that did not stop in time: its threads' kernel state into
+        the log, then SIGUSR2, on which the daemon writes every thread's
+        Python stack (faulthandler, from the signal itself: it needs no
+        thread of the daemon to be scheduled), so the log says why."""
+        lines = [f"--- not stopped {waited_s:.1f} s after SIGTERM; its threads:"]
+        task = f"/proc/{self.proc.pid}/task"
+        try:
+            for tid in sorted(os.listdir(task), key=int):
+                try:
+                    with open(f"{task}/{tid}/stat") as f:
+                        st = f.read()
+                    with open(f"{task}/{tid}/wchan") as f:
+                        wchan = f.read().strip()
+                except OSError:
+                    continue
+                comm = st[st.index("(") + 1 : st.rindex(")")]
+                fields = st[st.rindex(")") + 2 :].split()
+                lines.append(
+                    f"  {tid} {comm!r} state {fields[0]} nice {fields[16]} "
+                    f"policy {fields[38]} cpu {fields[36]} wchan {wchan}"
+                )
+        except OSError as e:
+            lines.append(f"  (cannot list {task}: {e})")
+        self._logf.write("\n".join(lines) + "\n")
+        self._logf.flush()
+        try:
+            self.proc.send_signal(signal.SIGUSR2)
+            self.proc.wait(timeout=1.0)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        print(self.new_log()[-20000:], file=sys.stderr)  # in the failing test's report
 
     def kill(self):
         self.proc.kill()
