@@ -120,9 +120,8 @@ def test_sigusr2_writes_every_threads_stack_and_changes_nothing(tmp_path):
     """`systemctl kill -s USR2`: every thread's Python stack in the log (the
     main loop's and the writer's among them), then the daemon goes on
     storing and stops with status 0."""
-    from helpers.daemonproc import DaemonProcess
-
     import probe_client
+    from helpers.daemonproc import DaemonProcess
 
     d = DaemonProcess(tmp_path).start()
     try:
