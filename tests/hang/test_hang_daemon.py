@@ -297,6 +297,33 @@ def test_status_lists_the_dumps(traced):
     assert "per-run threshold" in section
 
 
+def test_the_report_lists_each_dump_with_its_blocking_frames(traced):
+    daemon, runs, _ = traced
+    out = subprocess.run(
+        [os.path.join(os.path.dirname(sys.executable), "stallscope"), "report", "--db", daemon.db],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    section = out.split("== Hangs", 1)[1].split("\n== ", 1)[0]
+    dumps = {
+        int(ln.split("pid ")[1].split(",")[0]): ln
+        for ln in section.splitlines()
+        if ln.startswith("dump ")
+    }
+    for mode, frame in (
+        ("lock", "wait_for_lock"),
+        ("spin", "spin_forever"),
+        ("ccall", "long_c_call"),
+    ):
+        assert runs[mode]["pid"] in dumps, section
+        block = section.split(dumps[runs[mode]["pid"]], 1)[1].split("\ndump ", 1)[0]
+        assert frame in block, block
+    lock = section.split(dumps[runs["lock"]["pid"]], 1)[1].split("\ndump ", 1)[0]
+    assert "holder_reads_pipe" in lock and "pipe_read" in lock, lock
+    assert runs["idle"]["pid"] not in dumps
+
+
 def test_the_live_stream_tells_each_hang_and_its_end(traced):
     daemon, runs, _ = traced
     events = runs["hung_events"]

@@ -100,3 +100,9 @@ def format_rows(columns, rows, fmt="table"):
             for row in rows
         )
     raise ValueError(f"unknown format {fmt!r}: use one of {', '.join(FORMATS)}")
+
+
+def query_rows(con, sql):
+    """(column names, rows) of one query."""
+    cur = con.execute(sql)
+    return [d[0] for d in cur.description], cur.fetchall()

@@ -3,8 +3,8 @@
 `build_report(con, out_dir=None, run_ids=None)` returns the text (per-run
 table, the generation-2 table, the heap growers and GC advice, the slow-step
 breakdown by cause, the on-CPU part (analysis/oncpu.py), the top
-preemptors and wakers per run, the run groups: each engine's processes,
-their roles and the cross-process causes of slow steps) and, when
+preemptors and wakers per run, the run groups (analysis/groups.py), the
+hang watchdog's dumps (analysis/hangs.py) and the probes' coverage) and, when
 `out_dir` is given, writes PNG figures there in the seed's manner: every
 step of each run over time with slow steps coloured by cause, a +-1 s
 zoom around generation-2 passes (a budget per run, longest passes first),
@@ -16,7 +16,10 @@ import os
 
 from stallscope.analysis.coverage import coverage_section
 from stallscope.analysis.formatting import format_table
+from stallscope.analysis.formatting import query_rows as _rows
 from stallscope.analysis.gc_forensics import gc_section
+from stallscope.analysis.groups import group_section
+from stallscope.analysis.hangs import hang_section
 from stallscope.analysis.oncpu import flame_figures, oncpu_section
 from stallscope.vocab import rules
 
@@ -30,11 +33,6 @@ def _run_filter(run_ids):
         return "TRUE"
     ids = sorted({int(r) for r in run_ids})
     return f"run_id IN ({', '.join(map(str, ids))})" if ids else "FALSE"
-
-
-def _rows(con, sql):
-    cur = con.execute(sql)
-    return [d[0] for d in cur.description], cur.fetchall()
 
 
 def _n(count, noun, plural="s"):
@@ -264,69 +262,6 @@ def _who_section(con, where):
     )
 
 
-def _group_section(con, where):
-    """Run groups of more than one process: each process and its role, and
-    the cross-process causes of its slow steps (a peer span's own cause)."""
-    try:
-        _, procs = _rows(
-            con,
-            f"""
-            WITH g AS (
-                SELECT group_key FROM runs WHERE group_key IS NOT NULL AND {where}
-                GROUP BY group_key HAVING count(*) > 1
-            ), role AS (
-                SELECT run_id, string_agg(DISTINCT message, ', ' ORDER BY message) AS role
-                FROM run_events WHERE kind = 'role' GROUP BY run_id
-            ), st AS (
-                SELECT run_id, count(*) AS steps, count(*) FILTER (slow) AS slow,
-                       count(*) FILTER (cause = 'peer') AS peer
-                FROM step_attribution GROUP BY run_id
-            )
-            SELECT r.group_key, r.run_id, r.label, r.pid, r.parent_run_id,
-                   coalesce(CASE WHEN r.rank IS NOT NULL THEN 'rank ' || r.rank END, role.role, 'process'),
-                   coalesce(st.steps, 0), coalesce(st.slow, 0), coalesce(st.peer, 0)
-            FROM runs r JOIN g USING (group_key)
-            LEFT JOIN role USING (run_id) LEFT JOIN st USING (run_id)
-            WHERE {where.replace("run_id", "r.run_id")}
-            ORDER BY r.group_key, r.run_id""",
-        )
-        _, causes = _rows(
-            con,
-            f"""
-            SELECT a.run_id, a.peer_run_id, coalesce(a.peer_cause, '(not named)'),
-                   count(*), round(sum(a.peer_ns) / 1e6, 3), max(a.peer_depth),
-                   round(max(a.peer_late_ns) / 1e6, 3),
-                   string_agg(DISTINCT a.peer_wait, '/' ORDER BY a.peer_wait)
-            FROM step_attribution a
-            WHERE a.slow AND a.cause = 'peer' AND a.peer_run_id IS NOT NULL AND {where.replace("run_id", "a.run_id")}
-            GROUP BY ALL ORDER BY a.run_id, count(*) DESC, 3""",
-        )
-    except Exception as exc:  # a database from before run groups
-        return f"== Run groups ==\n(none: {str(exc).splitlines()[0]})\n"
-    text = "== Run groups (processes of one engine) ==\n"
-    if not procs:
-        return text + "(none: every run is a process of its own)\n"
-    text += format_table(
-        ["group", "run", "label", "pid", "parent", "role", "steps", "slow", "peer"], procs
-    )
-    text += "\nCross-process causes of slow steps (a step that waited for another process: the late peer's own cause):\n"
-    if not causes:
-        return text + "(none: no slow step waited for a slow peer)\n"
-    return text + format_table(
-        [
-            "run",
-            "waited for run",
-            "its cause",
-            "steps",
-            "peer ms",
-            "max hops",
-            "max late ms",
-            "wait",
-        ],
-        causes,
-    )
-
-
 # One fixed colour per cause (gc red, as in the seed's figures; common ones far apart).
 CAUSE_COLOURS = {
     "gc": "tab:red",
@@ -499,7 +434,8 @@ def build_report(con, out_dir=None, run_ids=None):
         _slow_section(con, where),
         oncpu_section(con, where),
         _who_section(con, where),
-        _group_section(con, where),
+        group_section(con, where),
+        hang_section(con, where),
         coverage_section(con, where),
     ]
     if out_dir is not None:
