@@ -16,7 +16,9 @@ interleaved rounds in one process so that machine noise hits all arms alike:
 
   base      with --baseline REF: the probe client of git revision REF (say,
             the previous release), attached the same way, in the same rounds,
-            so a change to the hot path is measured side by side
+            so a change to the hot path is measured side by side (with the C
+            record write when REF's _accel.c is this tree's: the built
+            extension is copied; else REF's Python write)
 
 Prints the median per-step time of each arm over the rounds (each round's
 mean) and the added time against `none`; with pacing also the median over
@@ -31,6 +33,7 @@ import ctypes
 import gc
 import importlib
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -109,6 +112,18 @@ def load_baseline(ref, into):
                 text=True,
             ).stdout
             (pkg / name).write_text(text)
+    # The C record write of REF, when its source is this tree's: the built
+    # extension is the same code, so the base arm times REF's glue around
+    # the same C write (otherwise REF runs on its Python write).
+    accel = ROOT / "probe_client" / "_accel.c"
+    ref_accel = subprocess.run(
+        ["git", "-C", str(ROOT), "show", f"{ref}:probe_client/_accel.c"],
+        capture_output=True,
+        text=True,
+    )
+    if ref_accel.returncode == 0 and accel.exists() and ref_accel.stdout == accel.read_text():
+        for built in (ROOT / "probe_client").glob("_accel.*.so"):
+            shutil.copy(built, pkg / built.name)
     sys.path.insert(0, str(into))
     return importlib.import_module("probe_client_base")
 
@@ -295,6 +310,7 @@ def main():
         f"steps per round {a.steps}, rounds {a.rounds}, one step every {a.period_us:g} us, "
         f"python {sys.version.split()[0]}, cpus {os.cpu_count()}, "
         f"probe record write: {probe.accelerator}, caches thrashed: {a.thrash_kib} KiB"
+        + (f", base record write: {getattr(base, 'accelerator', 'python')}" if base else "")
     )
     steps_total = a.steps * a.rounds
     for name in arms:
