@@ -7,7 +7,8 @@
 CREATE OR REPLACE VIEW hang_dump_stacks AS
 SELECT d.dump_id,                    -- hang_dumps.dump_id
     d.run_id,                        -- run
-    d.pid,                           -- process
+    d.pid,                           -- the hung run's process
+    f.pid AS thread_pid,             -- the thread's process: pid, or another process of the run group
     d.detected_ns,                   -- when the hang was seen, CLOCK_MONOTONIC ns
     d.recovered_ns,                  -- first step end after it, ns; NULL while hung or when the run left hung
     f.tid,                           -- kernel thread id

@@ -3,7 +3,9 @@
 One daemon traces tests/hang/hang_engine.py three times, each engine with
 its own 1 s threshold (STALLSCOPE_RUN_HANG_THRESHOLD_MS, the per-run
 override): (a) the step thread waits on a lock held by a thread blocked
-reading a pipe nobody writes; (b) the step thread spins in a Python loop;
+reading a pipe nobody writes, while another traced process of its run group
+(STALLSCOPE_GROUP) waits on a queue: the dump has that process's threads
+too; (b) the step thread spins in a Python loop;
 (c) the step thread is inside a C call (a regular expression's
 backtracking) holding the GIL. While each is hung, `/proc/PID/status`
 says `TracerPid: 0` at every look and the engine's threads keep their
@@ -114,6 +116,56 @@ def _tracer_pids(pid, seconds):
     return out
 
 
+# Another process of the lock engine's run group (STALLSCOPE_GROUP): a
+# traced process whose thread "peer-waits" waits on a queue in `peer_waits`.
+PEER = """
+import ctypes, json, os, queue, sys, threading
+import probe_client
+probe = probe_client.connect(socket_path=sys.argv[1], run_label="hang-peer", gc=False)
+def peer_waits(q):
+    ctypes.CDLL(None).prctl(15, b"peer-waits", 0, 0, 0)
+    q.get()
+t = threading.Thread(target=peer_waits, args=(queue.Queue(),), daemon=True)
+t.start()
+probe.end("step", probe.begin(), batch=0)
+print(json.dumps({"pid": os.getpid(), "tid": t.native_id}), flush=True)
+threading.Event().wait()
+"""
+
+
+def _lock_and_others(daemon, port, runs):
+    """The three hangs in turn, each watched until its dump was logged."""
+    for mode in ("lock", "spin", "ccall"):
+        # the lock engine shares a run group with the peer: its dump has the peer's threads too
+        env = {"STALLSCOPE_GROUP": "hang-lock"} if mode == "lock" else None
+        eng = HangEngine(daemon.socket, mode, env=env)
+        try:
+            ready = eng.expect("ready")
+            pid = ready["pid"]
+            hanging = eng.expect("hanging")
+            # An episode before "hanging" is one the engine's own busy
+            # phase had (starved for over the 1 s threshold on a loaded
+            # machine): it recovered; the hang is the next one.
+            before = _hung_in_log(daemon, pid)
+            assert wait_for(lambda p=pid, b=before: _hung_in_log(daemon, p) > b, timeout_s=30), (
+                daemon.read_log()[-3000:]
+            )
+            tracers = _tracer_pids(pid, 1.0)
+            threads_now = hang_proc.read_threads(pid)[0]
+            episodes = _hung_in_log(daemon)
+            metrics = samples(scrape(port))
+            runs[mode] = {
+                "pid": ready["pid"],
+                "hanging": hanging,
+                "tracers": tracers,
+                "states": {t["tid"]: t["state"] for t in threads_now},
+                "metrics": metrics,
+                "episodes": episodes,
+            }
+        finally:
+            eng.kill()
+
+
 @pytest.fixture(scope="module")
 def traced(tmp_path_factory):
     require_privileged(
@@ -129,33 +181,18 @@ def traced(tmp_path_factory):
     runs = {}
     stream = HungStream(str(tmp / "api.sock"))
     try:
-        for mode in ("lock", "spin", "ccall"):
-            eng = HangEngine(daemon.socket, mode)
-            try:
-                ready = eng.expect("ready")
-                pid = ready["pid"]
-                hanging = eng.expect("hanging")
-                # An episode before "hanging" is one the engine's own busy
-                # phase had (starved for over the 1 s threshold on a loaded
-                # machine): it recovered; the hang is the next one.
-                before = _hung_in_log(daemon, pid)
-                assert wait_for(
-                    lambda p=pid, b=before: _hung_in_log(daemon, p) > b, timeout_s=30
-                ), daemon.read_log()[-3000:]
-                tracers = _tracer_pids(pid, 1.0)
-                threads_now = hang_proc.read_threads(pid)[0]
-                episodes = _hung_in_log(daemon)
-                metrics = samples(scrape(port))
-                runs[mode] = {
-                    "pid": ready["pid"],
-                    "hanging": hanging,
-                    "tracers": tracers,
-                    "states": {t["tid"]: t["state"] for t in threads_now},
-                    "metrics": metrics,
-                    "episodes": episodes,
-                }
-            finally:
-                eng.kill()
+        peer = subprocess.Popen(
+            [sys.executable, "-c", PEER, daemon.socket],
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONPATH": ROOT, "STALLSCOPE_GROUP": "hang-lock"},
+        )
+        try:
+            runs["peer"] = json.loads(peer.stdout.readline())
+            _lock_and_others(daemon, port, runs)
+        finally:
+            peer.kill()
+            peer.wait(10)
         pause = HangEngine(daemon.socket, "pause")
         try:
             pid = pause.expect("ready")["pid"]
@@ -196,13 +233,14 @@ def _dump(daemon, run):
     return hung[0][:6]
 
 
-def _threads(daemon, dump_id):
-    """{thread_name: (state, source, [functions innermost first])}."""
+def _threads(daemon, dump_id, own=True):
+    """{thread_name: (state, source, [functions innermost first])} of the
+    hung process's threads (own), or of its run group's other processes'."""
     out = {}
     for name, state, source, function in daemon.query(
         "SELECT thread_name, state, source, function FROM hang_dump_stacks "
-        "WHERE dump_id = ? ORDER BY tid, depth",
-        [dump_id],
+        "WHERE dump_id = ? AND (thread_pid = pid) = ? ORDER BY tid, depth",
+        [dump_id, own],
     ):
         got = out.setdefault(name, (state, source, []))
         got[2].append(function)
@@ -237,6 +275,20 @@ def test_lock_names_the_waiter_and_the_pipe_reader(traced):
         [dump_id],
     )
     assert wchan[0][1] == 0, wchan  # read(2)
+
+
+def test_the_lock_dump_has_the_run_groups_other_process(traced):
+    daemon, runs, _ = traced
+    dump_id = _dump(daemon, runs["lock"])[0]
+    pids = daemon.query(
+        "SELECT DISTINCT thread_pid FROM hang_dump_stacks WHERE dump_id = ? ORDER BY 1", [dump_id]
+    )
+    assert sorted(p for (p,) in pids) == sorted([runs["lock"]["pid"], runs["peer"]["pid"]])
+    state, source, functions = _threads(daemon, dump_id, own=False)["peer-waits"]
+    assert state == "S" and source == "proc_mem" and "peer_waits" in functions, functions
+    # the other hangs' engines are groups of their own
+    for mode in ("spin", "ccall"):
+        assert _threads(daemon, _dump(daemon, runs[mode])[0], own=False) == {}
 
 
 def test_spin_names_the_spinning_function(traced):

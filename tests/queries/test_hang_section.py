@@ -21,7 +21,12 @@ def hang_db():
 
 
 def _thread_lines(text):
-    return {ln.split()[0]: ln for ln in text.splitlines() if ln.strip()[:2] in ("11", "12", "13")}
+    """{tid: line} of the thread rows (pid, tid, ...)."""
+    return {
+        ln.split()[1]: ln
+        for ln in text.splitlines()
+        if len(ln.split()) > 2 and ln.split()[1] in ("11", "12", "13", "21")
+    }
 
 
 def test_each_thread_has_its_state_and_blocking_frame():
@@ -31,12 +36,27 @@ def test_each_thread_has_its_state_and_blocking_frame():
     assert "recovered after 9.2 s; 3 threads" in head and "no step end for 5.2 s" in head
     lines = _thread_lines(text)
     engine = lines["11"].split()
-    assert engine[1:4] == ["engine", "S", "futex_do_wait"] and engine[4] == "proc_mem"
+    assert engine[0] == "100" and engine[2:5] == ["engine", "S", "futex_do_wait"]
+    assert engine[5] == "proc_mem"
     assert "Lock.acquire (engine.py:40)" in lines["11"] and "step (engine.py:12)" in lines["11"]
     assert lines["11"].index("Lock.acquire") < lines["11"].index("step (engine.py")
     assert "pipe_read" in lines["12"] and "reader (engine.py:30)" in lines["12"]
     assert "(no Python frame known)" in lines["13"]
     assert "unused" not in text  # a sampler frame no dump names
+
+
+def test_a_run_group_peers_threads_follow_the_hung_process():
+    con = hang_db()
+    con.execute(
+        "INSERT INTO hang_dump_frames (dump_id, run_id, pid, tid, thread_name, state, wchan, "
+        "source, depth, frame_id) VALUES (7, 1, 200, 21, 'worker-rank0', 'S', 'pipe_read', "
+        "'proc_mem', 0, -3)"
+    )
+    text = hang_section(con, "TRUE")
+    lines = _thread_lines(text)
+    assert lines["21"].split()[:3] == ["200", "21", "worker-rank0"]
+    order = [ln.split()[1] for ln in text.splitlines() if ln.split()[1:2] in (["11"], ["21"])]
+    assert order == ["11", "21"]  # the hung process's own threads first
 
 
 def test_the_report_has_the_section_and_a_hung_run_says_so():

@@ -2,7 +2,8 @@
 with, per thread, where it was blocked.
 
 A dump is one no-progress episode of a run (no step end for longer than its
-threshold while it had work). For each of its threads the section shows the
+threshold while it had work), with the threads of its process first, then
+those of its run group's other processes. For each thread the section shows the
 kernel's view (run state, wait channel or system call) and the *blocking
 frame*: the innermost Python frame (the code that called into the wait, the
 spin or the C call), with its caller and, when the CPU sampler saw the
@@ -27,12 +28,13 @@ def _where_frame(function, file, line):
 def _thread_rows(frames):
     """One row per thread from its frames (innermost first)."""
     out = []
-    for (tid, name, state, wchan, syscall, source), stack in frames.items():
+    for (pid, tid, name, state, wchan, syscall, source), stack in frames.items():
         py = [f for f in stack if f[0] == "py" and f[1] is not None]
         native = next((f for f in stack if f[0] == "native" and f[1] is not None), None)
         waits = wchan or ("" if syscall is None else f"syscall {syscall}")
         out.append(
             (
+                pid,
                 tid,
                 name,
                 state,
@@ -72,13 +74,28 @@ def hang_section(con, where):
     _, frames = query_rows(
         con,
         f"""
-        SELECT dump_id, tid, thread_name, state, wchan, syscall, source, kind, function, file, line
-        FROM hang_dump_stacks WHERE dump_id IN ({ids}) ORDER BY dump_id, tid, depth""",
+        SELECT dump_id, coalesce(thread_pid, pid), tid, thread_name, state, wchan, syscall,
+               source, kind, function, file, line
+        FROM hang_dump_stacks WHERE dump_id IN ({ids})
+        ORDER BY dump_id, coalesce(thread_pid, pid) <> pid, coalesce(thread_pid, pid), tid, depth""",
     )
     by_dump = {}
-    for dump_id, tid, name, state, wchan, syscall, source, kind, function, file, line in frames:
+    for (
+        dump_id,
+        pid,
+        tid,
+        name,
+        state,
+        wchan,
+        syscall,
+        source,
+        kind,
+        function,
+        file,
+        line,
+    ) in frames:
         threads = by_dump.setdefault(dump_id, {})
-        threads.setdefault((tid, name, state, wchan, syscall, source), []).append(
+        threads.setdefault((pid, tid, name, state, wchan, syscall, source), []).append(
             (kind, function, file, line)
         )
     for dump_id, run_id, label, pid, silent_s, outcome, nthreads, reason, lacks in dumps:
@@ -93,6 +110,7 @@ def hang_section(con, where):
         if rows:
             text += format_table(
                 [
+                    "pid",
                     "tid",
                     "thread",
                     "state",

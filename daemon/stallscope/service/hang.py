@@ -12,8 +12,9 @@ through /proc/PID/mem (frames added to `cpu_frames` with negative ids, so
 they never meet the sampler's), and each thread its kernel state. Runs that
 recovered get their `recovered_ns`. Nothing here stops, signals or ptraces
 the traced process; a failing capture is counted and logged, never raised
-into the daemon. `group_pids` is the seam for run groups: today a run's
-group is its own process. `stacks(pid)` is the same capture on demand
+into the daemon. A dump holds every thread of the hung process and of the
+other connected processes of its run group (`group_pids`; each frame row
+says its `pid`). `stacks(pid)` is the same capture on demand
 (`stallscope stacks`), without rows. `to_fanout` streams each episode's
 start and end to the API's live subscribers (the Hung event).
 """
@@ -40,6 +41,8 @@ IDLE_TICK_S = 1.0
 EVENT_NUMBERS = "run_id pid dump_id detected_ns threshold_ns last_step_end_ns recovered_ns".split()
 # A sampler stack younger than this stands for a thread found running.
 SAMPLER_FRESH_NS = 2_000_000_000
+# Processes in one dump at most: the hung one and its run group's others.
+MAX_GROUP_PIDS = 16
 
 
 class HangWatchdog:
@@ -100,10 +103,19 @@ class HangWatchdog:
                         self.detector.set_override(run.run_id, run.hang_threshold_ns)
         return out
 
-    @staticmethod
-    def group_pids(pid):
-        """The processes dumped with `pid`: its run group once run groups exist."""
-        return [pid]
+    def group_pids(self, pid):
+        """The processes dumped with `pid`: it first, then the other connected
+        processes of its run group (the peer a hung step waits on is often
+        the culprit: a vLLM engine core waiting for its workers), at most
+        MAX_GROUP_PIDS in all."""
+        runs = [r for r in list(self.daemon.ingest.runs.values()) if r.connected]
+        keys = {getattr(r, "group_key", None) for r in runs if r.pid == pid}
+        keys.discard(None)
+        out = [pid]
+        for r in sorted(runs, key=lambda r: r.run_id):
+            if getattr(r, "group_key", None) in keys and r.pid not in out and r.pid:
+                out.append(r.pid)
+        return out[:MAX_GROUP_PIDS]
 
     # ----- what clients report (service/server.py hands it over) -----------------------------
     def accept_layout(self, pid, info):
@@ -230,15 +242,16 @@ class HangWatchdog:
         return listener
 
     # ----- capture ----------------------------------------------------------------------------
-    def capture(self, pid):
+    def capture(self, pid, group=True):
         """([thread dicts with 'source' and 'frame_ids'], lacks, capture ns) of
-        every thread of `pid` (and of its group), read while it runs."""
+        every thread of `pid` (and, with `group`, of its run group's other
+        processes), read while it runs."""
         with self._capture_lock:
             t0 = time.monotonic_ns()
             found, lacks_all = [], []
             probe = self.daemon._probe("cpu")
             latest = dict(getattr(getattr(probe, "stacks", None), "latest", None) or {})
-            for p in self.group_pids(pid):
+            for p in self.group_pids(pid) if group else [pid]:
                 got, lacks = hang_proc.read_threads(
                     p, self.proc_root, self.layouts.get(p), self.tstates.get(p)
                 )
@@ -274,7 +287,7 @@ class HangWatchdog:
         cols = {
             k: []
             for k in (
-                "dump_id run_id tid thread_name state wchan syscall cpu_ns source walk "
+                "dump_id run_id pid tid thread_name state wchan syscall cpu_ns source walk "
                 "depth frame_id"
             ).split()
         }
@@ -285,6 +298,7 @@ class HangWatchdog:
             for depth, fid in enumerate(ids or [None]):
                 cols["dump_id"].append(dump_id)
                 cols["run_id"].append(run_id)
+                cols["pid"].append(t["pid"])
                 cols["tid"].append(t["tid"])
                 cols["thread_name"].append(t["name"])
                 cols["state"].append(t["state"])
@@ -317,7 +331,8 @@ class HangWatchdog:
         """Every thread of a traced `pid` now, for `stallscope stacks`:
         {'pid', 'threads': [{tid, name, state, wchan, syscall, source,
         frames: [(file, function, line)]}], 'lacks', 'capture_ns'}."""
-        found, lacks, capture_ns = self.capture(pid)
+        # this process only: its owner may see it, not its group's others
+        found, lacks, capture_ns = self.capture(pid, group=False)
         names = self._names_of_ids(
             {i for t in found if t["source"] == "sampler" for i in t["frame_ids"]}
         )

@@ -25,6 +25,7 @@ CREATE TABLE IF NOT EXISTS hang_dumps (
 CREATE TABLE IF NOT EXISTS hang_dump_frames (
     dump_id     BIGINT,      -- hang_dumps.dump_id
     run_id      BIGINT,      -- the dump's run (rows go with it)
+    pid         INTEGER,     -- the thread's process: the dump's, or another process of its run group
     tid         INTEGER,     -- kernel thread id
     thread_name VARCHAR,     -- the kernel's name of the thread (/proc/PID/task/TID/comm)
     state       VARCHAR,     -- kernel run state at capture: R running, S sleeping, D disk sleep, T stopped, Z zombie
