@@ -129,8 +129,8 @@ class RequestEvents:
                 self._pos = pos
             finally:
                 self._lock.release()
-        except Exception:
-            self.errors += 1
+        except Exception:  # an id or count that is not an integer, an unhashable event
+            self._bad_request()
 
     def request_tokens(self, ids, counts):
         """One `token` event per request of a batch, all at one time and
