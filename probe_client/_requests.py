@@ -21,7 +21,7 @@ probe's spans use.
 from operator import index as _index
 
 from . import wire
-from ._transport import _monotonic_ns, _native_id
+from ._transport import _monotonic_ns
 
 _pack_req = wire.REQUEST_RECORD.pack_into
 _pack_text = wire.REQUEST_TEXT_RECORD.pack_into
@@ -86,7 +86,10 @@ class RequestEvents:
                     self._bad_request()
                     return
                 flags = _HAS_TOKENS
-            if isinstance(request_id, str):
+            if type(request_id) is int:
+                rid = request_id & _U64
+                raw = None
+            elif isinstance(request_id, str):
                 raw = request_id.encode("utf-8", "surrogatepass")
                 rid = _key(raw)
                 flags |= _STR_ID
@@ -95,7 +98,10 @@ class RequestEvents:
             else:
                 rid = _index(request_id) & _U64
                 raw = None
-            tid = _native_id()
+            try:  # the thread's id, read once per thread (a syscall-free lookup)
+                tid = self._local.st.tid
+            except AttributeError:
+                tid = self._thread_state().tid
             self._lock.acquire()
             try:
                 pos = self._pos
@@ -139,7 +145,10 @@ class RequestEvents:
         request's event only (counted)."""
         try:
             t = _monotonic_ns()
-            tid = _native_id()
+            try:
+                tid = self._local.st.tid
+            except AttributeError:
+                tid = self._thread_state().tid
             same = None
             if isinstance(counts, int):
                 same = counts
@@ -148,8 +157,10 @@ class RequestEvents:
                     return
             bad = 0
             buf = self._buf
+            pack = _pack_req
             self._lock.acquire()
             try:
+                pos = self._pos
                 for i in range(len(ids)):
                     rid = ids[i]
                     if same is None:
@@ -163,8 +174,10 @@ class RequestEvents:
                             continue
                     else:
                         n = same
-                    flags = _HAS_TOKENS
-                    if isinstance(rid, str):
+                    if type(rid) is int:
+                        flags = _HAS_TOKENS
+                        rid &= _U64
+                    elif isinstance(rid, str):
                         rid = _key(rid.encode("utf-8", "surrogatepass"))
                         flags = _HAS_TOKENS | _STR_ID
                     else:
@@ -173,13 +186,17 @@ class RequestEvents:
                         except Exception:
                             bad += 1
                             continue
-                    pos = self._pos
+                        flags = _HAS_TOKENS
                     if pos >= _ROOM_ONE:
+                        # the buffer's position is kept in a local for the
+                        # loop; the send needs it (and resets it)
+                        self._pos = pos
                         self._drain_gc_locked()
                         self._send_locked(t)
                         pos = self._pos
-                    _pack_req(buf, pos, _REC_REQUEST, _TOKEN, flags, tid, t, rid, n, 0)
-                    self._pos = pos + _RS
+                    pack(buf, pos, _REC_REQUEST, _TOKEN, flags, tid, t, rid, n, 0)
+                    pos += _RS
+                self._pos = pos
             finally:
                 self._lock.release()
             if bad:
