@@ -156,3 +156,62 @@ def test_a_full_buffer_is_sent_not_overrun(probe):
     assert probe.errors == 0
     # 5 x (1000 + 256 x (1 REQUEST + 2 REQUEST_TEXT)): every record numbered
     assert probe.stats()["next_seq"] - before == 5 * (1000 + 256 * 3)
+
+
+def _buffer_after(monkeypatch, tmp_path, accel, calls):
+    """The record bytes a fresh probe's buffer holds after `calls(probe)`,
+    with the clock and thread id fixed so that two probes can be compared."""
+    from probe_client import _requests
+
+    if accel:
+        monkeypatch.delenv("STALLSCOPE_PROBE_ACCEL", raising=False)
+    else:
+        monkeypatch.setenv("STALLSCOPE_PROBE_ACCEL", "python")
+    monkeypatch.setattr(_requests, "_monotonic_ns", lambda: 123_456_789_012)
+    p = probe_client.connect(socket_path=str(tmp_path / "absent.sock"), gc=False)
+    try:
+        assert p.accelerator == ("c" if accel else "python")
+        p._thread_state().tid = 4321
+        calls(p)
+        return bytes(p._buf[32 : p._pos]), p.stats()["next_seq"], p.errors
+    finally:
+        p.close()
+
+
+@pytest.mark.skipif(probe_client.ACCELERATOR != "c", reason="the C record write is not built")
+def test_the_c_batch_write_writes_the_python_bytes(monkeypatch, tmp_path):
+    from probe_client import _accel
+
+    def calls(p):
+        p.request_tokens(IDS, 1)
+        p.request_tokens([0, -1, 1 << 64, (1 << 64) + 5, -(1 << 70), True], 7)  # masked to 64 bits
+        p.request_tokens([1, 2, "req-x", 3, 4], 2)  # C stops at the str, Python goes on
+        p.request_tokens((9, 8, 7), 0)  # a tuple
+
+    def overflow(p):
+        calls(p)
+        p.request_tokens(list(range(600)), 1)  # past a datagram: a send in the middle
+
+    c = _buffer_after(monkeypatch, tmp_path, True, calls)
+    py = _buffer_after(monkeypatch, tmp_path, False, calls)
+    assert c == py and c[2] == 0 and len(c[0]) == 32 * (256 + 6 + 5 + 3)
+    # what is left after the send (written by the Python path after the C
+    # write stopped at the buffer's end) and the sequence numbers agree too
+    assert _buffer_after(monkeypatch, tmp_path, True, overflow) == _buffer_after(
+        monkeypatch, tmp_path, False, overflow
+    )
+    # and it was the C write: it takes a whole batch of ints itself
+    p = probe_client.connect(socket_path=str(tmp_path / "absent.sock"), gc=False)
+    try:
+        st = p._thread_state()
+        held = p._lock.locked
+        assert _accel.request_tokens(p.__dict__, p._buf, held, 16000, 5, st.tid, IDS, 1) == 256
+        assert p._pos == 32 + 256 * 32
+        with p._lock:  # a thread holds the lock: nothing written
+            assert _accel.request_tokens(p.__dict__, p._buf, held, 16000, 5, 1, IDS, 1) == 0
+        assert _accel.request_tokens(p.__dict__, p._buf, held, 16000, 5, 1, IDS, -1) == 0
+        assert _accel.request_tokens(p.__dict__, p._buf, held, 16000, 5, 1, "abc", 1) == 0
+        assert _accel.request_tokens() == 0  # never raises
+        assert p._pos == 32 + 256 * 32
+    finally:
+        p.close()
