@@ -11,6 +11,8 @@ all of them alike, each a loop of `--calls` iterations:
   batch 256     probe.request_tokens(ids, 1) for 256 int ids: the figure is
                 per request of the batch (the loop time / 256)
   batch 256 str the same with 256 str ids
+  batch 256 py  `batch 256` on a probe kept on the Python record write
+                (STALLSCOPE_PROBE_ACCEL=python), when the C write is built
 
 A live daemon receives everything (the engine's side of a send is part of the
 cost; --no-daemon leaves it out). Prints, per arm, the median over rounds of
@@ -20,6 +22,7 @@ bench/request_overhead.py [--calls N] [--rounds R] [--no-daemon]
 """
 
 import argparse
+import os
 import platform
 import statistics
 import tempfile
@@ -40,7 +43,7 @@ def _noop_batch(ids, counts):
     return None
 
 
-def arms(probe, calls):
+def arms(probe, calls, pyprobe=None):
     """name -> (function timing one round: ns per call, calls per iteration)."""
     str_ids = [f"cmpl-{i:032x}-0" for i in range(BATCH)]
     int_ids = list(range(1_000_000, 1_000_000 + BATCH))
@@ -66,7 +69,7 @@ def arms(probe, calls):
 
         return run
 
-    return {
+    out = {
         "bare": (loop(_noop, int_ids, "token", 1), 1),
         "int token": (loop(probe.request, int_ids, "token", 1), 1),
         "str token": (loop(probe.request, str_ids, "token", None), 1),
@@ -75,6 +78,9 @@ def arms(probe, calls):
         "batch 256": (batch(probe.request_tokens, int_ids), BATCH),
         "batch 256 str": (batch(probe.request_tokens, str_ids), BATCH),
     }
+    if pyprobe is not None:
+        out["batch 256 py"] = (batch(pyprobe.request_tokens, int_ids), BATCH)
+    return out
 
 
 def main():
@@ -94,7 +100,12 @@ def main():
         ).start()
     sock = str(tmp / "nobody.sock") if daemon is None else daemon.socket
     probe = probe_client.connect(socket_path=sock, gc=True)
-    timed = arms(probe, a.calls)
+    pyprobe = None
+    if probe.accelerator != "python":
+        os.environ["STALLSCOPE_PROBE_ACCEL"] = "python"
+        pyprobe = probe_client.connect(socket_path=sock, gc=True)
+        del os.environ["STALLSCOPE_PROBE_ACCEL"]
+    timed = arms(probe, a.calls, pyprobe)
     results = {name: [] for name in timed}
     try:
         for _ in range(a.rounds):
@@ -103,10 +114,14 @@ def main():
             # the flusher sends what a round left; the next round starts with
             # an empty buffer, as an engine's next step does
             probe.flush()
+            if pyprobe is not None:
+                pyprobe.flush()
             time.sleep(0.05)
         stats = probe.stats()
     finally:
         probe.close()
+        if pyprobe is not None:
+            pyprobe.close()
         if daemon is not None:
             daemon.stop()
     med = {name: statistics.median(v) for name, v in results.items()}
