@@ -121,12 +121,20 @@ def test_request_latency_matches_the_engine_and_names_the_gc_pause(tmp_path, gc_
                 del heap[:]  # unreachable now, freed only by a collection
             engine.step(heap if engine.steps == STALL_STEP else None)
         assert probe.errors == 0, probe.stats()
+        made = probe.stats()["next_seq"]
     finally:
         probe.close()
         assert daemon.stop()[0] == 0, daemon.read_log()
     pause_ns, in_flight = engine.stall
     assert pause_ns > 20 * MS and len(in_flight) >= 4, (pause_ns, in_flight)
     assert daemon.query("SELECT reason, sum(count) FROM ingest_errors GROUP BY ALL") == []
+    # every record the client numbered (steps, GC passes, request events and
+    # texts) is stored or a counted loss
+    stored, lost = daemon.query(
+        "SELECT records, (SELECT coalesce(sum(count), 0) FROM losses WHERE run_id = r.run_id) "
+        "FROM runs r"
+    )[0]
+    assert stored + lost == made, (stored, lost, made)
 
     key = {probe_client.request_key(r): r for r in ids}
     rows = daemon.query(

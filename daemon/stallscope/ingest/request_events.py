@@ -66,7 +66,8 @@ class RequestDecoder:
         store.add_flush_hook(self.request_statements)
 
     def _decode_requests(self, run, recs, rtype, seq):
-        """Store the run's REQUEST records of this decode; returns how many were stored."""
+        """Store the run's REQUEST records of this decode; returns how many
+        records were stored (events, and text parts that named a request)."""
         is_req = rtype == wire.REC_REQUEST
         is_text = rtype == wire.REC_REQUEST_TEXT
         if not is_req.any() and not is_text.any():
@@ -75,7 +76,9 @@ class RequestDecoder:
         state = self._req_runs.get(run_id)
         if state is None:
             state = self._req_runs[run_id] = _RunRequests()
-        texts = self._request_texts(run, recs[is_text].view(TEXT_DTYPE)) if is_text.any() else {}
+        texts, text_records = {}, 0
+        if is_text.any():
+            texts, text_records = self._request_texts(run, recs[is_text].view(TEXT_DTYPE))
         req = recs[is_req]
         code = req["flags"]
         has_tok = (req["kind_id"] & wire.REQ_HAS_TOKENS) != 0
@@ -110,7 +113,7 @@ class RequestDecoder:
             )
         elif texts:
             self._note_texts(run_id, state, texts)
-        return len(keep)
+        return len(keep) + text_records
 
     def _store_requests(self, run_id, state, texts, req, seq, has_tok, tokens):
         n = len(req)
@@ -221,8 +224,9 @@ class RequestDecoder:
             del done[next(iter(done))]
 
     def _request_texts(self, run, parts):
-        """{request_id: its str id} from REQUEST_TEXT records, each checked
-        against the id it must hash to (when it was sent whole)."""
+        """({request_id: its str id}, records used) from REQUEST_TEXT
+        records, each id checked against the hash it must have (when it was
+        sent whole)."""
         by_id = {}
         bad = mismatch = 0
         for rid, part, length, text in zip(
@@ -234,6 +238,7 @@ class RequestDecoder:
         ):
             by_id.setdefault(rid, []).append((part, length, text))
         out = {}
+        used = 0
         for rid, got in by_id.items():
             length = got[0][1]
             sent = min(length, wire.REQ_TEXT_MAX)
@@ -251,11 +256,12 @@ class RequestDecoder:
                 mismatch += 1
                 continue
             out[rid] = raw.decode("utf-8", "replace")
+            used += len(got)
         if bad:
             self._reject(run.run_id, run.pid, "bad_request_text", bad)
         if mismatch:
             self._reject(run.run_id, run.pid, "request_id_hash_mismatch", mismatch)
-        return out
+        return out, used
 
     def _forget_request_runs(self):
         """Drop the state of runs ingest no longer holds."""
