@@ -11,6 +11,8 @@ Usage::
     probe.attach(Ticket, "collect", kind="collect")   # a class: every ticket
     probe.attach(engine, "_loop_body", kind="step", work="arg0.num_tokens",
                  idle="len(arg0.requests) == 0")
+    probe.request("req-17", "arrived")                # request lifecycle events
+    probe.request_tokens(batch_ids, 1)                # a token for each, this step
 
 `connect()` never raises because the daemon is absent, and nothing the probe
 does on the engine's hot path raises, blocks, or leaves garbage behind (see
@@ -23,6 +25,7 @@ says it for one probe.
 
 from ._expr import ExprError
 from ._probe import ACCELERATOR, DEFAULT_SOCKET, SOCKET_ENV, Probe
+from ._requests import request_key
 from ._wrap import AttachError
 
 __all__ = [
@@ -33,6 +36,7 @@ __all__ = [
     "ACCELERATOR",
     "DEFAULT_SOCKET",
     "SOCKET_ENV",
+    "request_key",
 ]
 
 

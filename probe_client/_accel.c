@@ -3,7 +3,8 @@
  * One job: the part of an attached method's wrapper that runs after the
  * user's call (the SPAN record, its SPAN_EXT, the outermost span's
  * bookkeeping) in one C call instead of ~40 bytecodes, a lock round trip and
- * a struct.pack_into. It writes exactly the bytes the Python path writes
+ * a struct.pack_into; and, the same way, the REQUEST records of a batch of
+ * int ids (`probe.request_tokens`). It writes exactly the bytes the Python path writes
  * (wire.RECORD / wire.EXT_RECORD, little-endian; tests compare them) and
  * never does anything else: it never sends, never blocks, never allocates
  * a GC-tracked object, never calls back into Python code other than the
@@ -457,11 +458,100 @@ static PyTypeObject WriterType = {
     .tp_methods = writer_methods,
 };
 
+/* ----- request_tokens: a batch of token events (probe_client/_requests.py) -- */
+
+#define REC_REQUEST 7
+#define REQ_EVENT_TOKEN 3
+#define REQ_HAS_TOKENS 1
+
+/* request_tokens(state, buf, locked, full_at, ts, tid, ids, count) -> n:
+ * the REQUEST records (event token, `count` tokens, flags REQ_HAS_TOKENS)
+ * of ids[0..n) written at the probe's _pos, and _pos advanced past them,
+ * exactly as the Python loop writes them. It stops, leaving the rest to the
+ * Python path, at the first id that is not an exact int (a str id is hashed
+ * there), at a buffer position >= full_at (a send is due), or at once (n =
+ * 0) when the buffer lock is held or an argument is not what it expects. An
+ * int id is masked to 64 bits, as the Python path's `& U64_MAX` does. */
+static PyObject *
+accel_request_tokens(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *state, *buf, *held, *ids;
+    Py_ssize_t full_at, n_ids, i;
+    long long pos, count;
+    unsigned long long ts;
+    unsigned long tid;
+    int overflow = 0;
+    unsigned char *base;
+    if (nargs != 8 || !PyDict_CheckExact(args[0]) || !PyByteArray_CheckExact(args[1]) ||
+        !PyLong_CheckExact(args[3]) || !PyLong_CheckExact(args[4]) ||
+        !PyLong_CheckExact(args[5]) || !PyLong_CheckExact(args[7]))
+        return Py_NewRef(answer[0]);
+    ids = args[6];
+    if (!PyList_CheckExact(ids) && !PyTuple_CheckExact(ids))
+        return Py_NewRef(answer[0]);
+    state = args[0];
+    buf = args[1];
+    full_at = PyLong_AsSsize_t(args[3]);
+    ts = PyLong_AsUnsignedLongLong(args[4]);
+    tid = PyLong_AsUnsignedLong(args[5]);
+    count = PyLong_AsLongLongAndOverflow(args[7], &overflow);
+    if (PyErr_Occurred() || overflow || count < 0 || count > 0x7FFFFFFFLL || tid > 0xFFFFFFFFUL ||
+        full_at < 0 || full_at + RECORD_SIZE > PyByteArray_GET_SIZE(buf)) {
+        PyErr_Clear();
+        return Py_NewRef(answer[0]);
+    }
+    held = PyObject_CallNoArgs(args[2]);
+    if (held != Py_False) {
+        if (held == NULL)
+            PyErr_Clear();
+        Py_XDECREF(held);
+        return Py_NewRef(answer[0]);
+    }
+    Py_DECREF(held);
+    if (dict_int(state, str_pos, &pos) < 0 || pos < 0)
+        return Py_NewRef(answer[0]);
+    base = (unsigned char *)PyByteArray_AS_STRING(buf);
+    n_ids = PySequence_Fast_GET_SIZE(ids);
+    for (i = 0; i < n_ids && pos < full_at; i++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(ids, i);
+        unsigned long long rid;
+        unsigned char *p;
+        if (!PyLong_CheckExact(item))
+            break;
+        rid = PyLong_AsUnsignedLongLongMask(item);
+        if (rid == (unsigned long long)-1 && PyErr_Occurred()) {
+            PyErr_Clear();
+            break;
+        }
+        p = base + pos;
+        p[0] = REC_REQUEST;
+        p[1] = REQ_EVENT_TOKEN;
+        put_u16(p + 2, REQ_HAS_TOKENS);
+        put_u32(p + 4, (uint32_t)tid);
+        put_u64(p + 8, ts);
+        put_u64(p + 16, rid);
+        put_u32(p + 24, (uint32_t)count);
+        put_u32(p + 28, 0);
+        pos += RECORD_SIZE;
+    }
+    if (i && dict_set_int(state, str_pos, pos) < 0) {
+        PyErr_Clear();
+        return Py_NewRef(answer[0]); /* _pos unchanged: the records are not there */
+    }
+    return PyLong_FromSsize_t(i); /* ints are never GC-tracked */
+}
+
+static PyMethodDef accel_functions[] = {
+    {"request_tokens", (PyCFunction)(void (*)(void))accel_request_tokens, METH_FASTCALL,
+     "request_tokens(state, buf, locked, full_at, ts, tid, ids, count) -> records written."},
+    {NULL}};
+
 static struct PyModuleDef accel_module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "probe_client._accel",
     .m_doc = "The optional C record write of the probe's wrappers (see _accel.c).",
     .m_size = -1,
+    .m_methods = accel_functions,
 };
 
 PyMODINIT_FUNC

@@ -11,7 +11,8 @@ records are written by the GC callback into a separate single-producer ring
 so the callback never takes the buffer lock (a collection can start while a
 thread holds it). This module holds the public API, the hot-path record
 writes and the GC callback; `_transport.py` the buffer and the socket,
-`_wrap.py`/`_codegen.py` the wrappers of `attach()`. Standard library only:
+`_wrap.py`/`_codegen.py` the wrappers of `attach()`, `_requests.py` the
+request lifecycle events. Standard library only:
 the C record write of `_accel.c` is used when it was built and imports, and
 the Python path here stays the definition of every record (`accelerator`
 says which one a probe uses).
@@ -25,6 +26,7 @@ import weakref
 from . import _codegen, _wrap, wire
 from ._connection import _free_threaded
 from ._gcknobs import GcForensics
+from ._requests import RequestEvents
 from ._transport import (
     FLUSH_INTERVAL_NS,
     FULL_AT,
@@ -95,7 +97,7 @@ class _ThreadState:
         self.idle = None
 
 
-class Probe(Transport, GcForensics):
+class Probe(Transport, GcForensics, RequestEvents):
     """One run of one process, as seen by the daemon. Create with `connect()`."""
 
     def __init__(
@@ -124,6 +126,7 @@ class Probe(Transport, GcForensics):
         self._attached = []  # (owner, name, had_own, previous) for detach
         self._closed = False
         self.errors = 0  # exceptions swallowed on the hot path
+        self._init_requests()
         self._reset_run_state()
         self._local = threading.local()
         # Census and knobs (_gcknobs.py) before the HELLO, which records them.
@@ -302,6 +305,7 @@ class Probe(Transport, GcForensics):
             "drops_disconnected": self.drops_disconnected,
             "connect_busy": self.connect_busy,
             "errors": self.errors,
+            "request_errors": self.request_errors,
             "drops_gc_ring": self.drops_gc_ring,
             "next_seq": self._seq + ((self._pos - _HDR) >> 5) - self._seqless,
             "connected": self.connected,

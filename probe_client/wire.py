@@ -8,15 +8,17 @@ client inside other people's serving processes.
 """
 
 import struct
+from hashlib import blake2b as _blake2b
 
 MAGIC = 0x5353  # b"SS"
 # Version 2 adds the sequence-less SPAN_EXT and COUNTERS records and takes GC
 # ring overflows out of the header's drops_full. Version 3 adds the PYLAYOUT
-# and PYTHREADS datagrams (the CPU sampler's thread-state report). A daemon
-# accepts every version in VERSIONS and refuses a newer one
+# and PYTHREADS datagrams (the CPU sampler's thread-state report). Version 4
+# adds the REQUEST and REQUEST_TEXT records (request lifecycle events). A
+# daemon accepts every version in VERSIONS and refuses a newer one
 # (`unsupported_version`).
-VERSION = 3
-VERSIONS = (1, 2, 3)
+VERSION = 4
+VERSIONS = (1, 2, 3, 4)
 
 HEADER_SIZE = 32
 RECORD_SIZE = 32
@@ -38,6 +40,7 @@ SEQLESS_TYPES = {
     1: (REC_STRING,),
     2: (REC_STRING, REC_SPAN_EXT, REC_COUNTERS),
     3: (REC_STRING, REC_SPAN_EXT, REC_COUNTERS),  # RECORDS did not change in version 3
+    4: (REC_STRING, REC_SPAN_EXT, REC_COUNTERS),  # REQUEST and REQUEST_TEXT carry one
 }
 
 # SPAN_EXT flags: which fields hold a value, and the idle mark.
@@ -134,3 +137,37 @@ PYTHREAD_MORE = 1  # the listing had more threads than one datagram holds
 # 0 u64, 0 u64 (the listing's time is the header's sent_ns)
 PYTHREAD_RECORD = struct.Struct("<BBHIQQQ")
 assert PYTHREAD_RECORD.size == RECORD_SIZE
+
+# Request lifecycle events (version 4; `probe.request`, `probe.request_tokens`).
+# Both records carry a sequence number, like SPAN and GC; in a datagram of an
+# earlier version they are unknown types (`unknown_record_type`).
+# REQUEST: rtype u8, event code u8, flags u16, tid u32, ts_ns u64,
+# request_id u64, tokens i32 (when REQ_HAS_TOKENS), 0 u32.
+# REQUEST_TEXT: the id a str id was hashed from, sent right after its
+# `arrived` REQUEST in the same datagram, in parts of 20 bytes: rtype u8,
+# part u8 (0..REQ_TEXT_PARTS-1), length u16 (of the whole UTF-8 id, capped at
+# 0xFFFF; above REQ_TEXT_MAX only the first REQ_TEXT_MAX bytes are sent),
+# request_id u64, 20 bytes of UTF-8, NUL padded.
+REC_REQUEST = 7
+REC_REQUEST_TEXT = 8
+REQUEST_EVENTS = ("arrived", "scheduled", "token", "preempted", "finished", "aborted")
+# event name -> code on the wire (1-based; 0 is never sent)
+REQUEST_EVENT_CODES = {name: i + 1 for i, name in enumerate(REQUEST_EVENTS)}
+REQ_HAS_TOKENS = 1  # the tokens field holds a value (else NULL)
+REQ_STR_ID = 2  # request_id is request_key() of a str id
+REQ_TEXT_MAX = 64
+REQ_TEXT_PART = 20
+REQ_TEXT_PARTS = (REQ_TEXT_MAX + REQ_TEXT_PART - 1) // REQ_TEXT_PART
+U64_MAX = (1 << 64) - 1
+I32_MAX = (1 << 31) - 1
+REQUEST_RECORD = struct.Struct("<BBHIQQiI")
+REQUEST_TEXT_RECORD = struct.Struct("<BBHQ20s")
+assert REQUEST_RECORD.size == RECORD_SIZE and REQUEST_TEXT_RECORD.size == RECORD_SIZE
+
+
+def request_key(text_bytes):
+    """The 64-bit request id of a str id's UTF-8 bytes: BLAKE2b with an
+    8-byte digest, read little-endian. The same in every process and
+    language (Python's hash() of a str is salted per process), so a request
+    that arrives in one process and is served in another has one id."""
+    return int.from_bytes(_blake2b(text_bytes, digest_size=8).digest(), "little")

@@ -35,6 +35,7 @@ CLIENT_TESTS = (
     "tests/spine/test_gc_ring.py",
     "tests/spine/test_accel.py",
     "tests/spine/test_connect_busy.py",
+    "tests/spine/test_request_gc_rules.py",
 )
 SLOTS = (*pythons.SUPPORTED_MINORS, "debian")
 AT_ONCE = 2

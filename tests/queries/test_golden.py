@@ -58,10 +58,15 @@ def test_every_query_file_loads():
 
 
 def test_every_view_has_a_golden_case():
-    """Every public view of queries/step and queries/seed (other areas test their own)."""
+    """Every public view of queries/step, queries/seed and queries/request (other
+    areas test their own)."""
     root = Path(__file__).resolve().parents[2] / "queries"
     public = set()
-    for path in sorted(root.glob("step/*.sql")) + sorted(root.glob("seed/*.sql")):
+    for path in (
+        sorted(root.glob("step/*.sql"))
+        + sorted(root.glob("seed/*.sql"))
+        + sorted(root.glob("request/*.sql"))
+    ):
         public |= {
             m
             for m in re.findall(r"CREATE OR REPLACE VIEW (\w+)", path.read_text())

@@ -40,7 +40,11 @@ STATE_VERSION = 1
 DERIVED_VIEWS = ("step_attribution", "seed_gen2", "seed_runs", "seed_slow_steps")
 # Tables whose rows change after they are stored: the key of a row, so that
 # readers keep only its latest version (the largest stored_ns).
-VERSION_KEYS = {"runs": ("run_id",), "coverage": ("run_id", "probe", "start_ns")}
+VERSION_KEYS = {
+    "runs": ("run_id",),
+    "coverage": ("run_id", "probe", "start_ns"),
+    "requests": ("run_id", "request_id"),
+}
 # Columns that would clash with the Hive partition columns (Spark refuses a
 # data column named like a partition column): runs.host is the daemon's
 # hostname, which the partition `host` replaces.

@@ -25,6 +25,7 @@ from stallscope.ingest.census import CensusIngest
 from stallscope.ingest.pystate import PyStateIngest
 from stallscope.ingest.ratelog import RateLimitedLog
 from stallscope.ingest.records import RecordDecoder
+from stallscope.ingest.request_events import RequestDecoder
 from stallscope.ingest.runs import RunRegistry
 from stallscope.ingest.sockets import bind_listening, prepare_path
 from stallscope.vocab.log_channels import log_channel
@@ -54,6 +55,10 @@ _TYPE_GC = bytes([wire.REC_GC])
 _TYPE_STRING = bytes([wire.REC_STRING])
 _TYPE_EXT = bytes([wire.REC_SPAN_EXT])
 _TYPE_COUNTERS = bytes([wire.REC_COUNTERS])
+_TYPE_REQUEST = bytes([wire.REC_REQUEST])
+_TYPE_REQUEST_TEXT = bytes([wire.REC_REQUEST_TEXT])
+_V2_TYPES = (wire.REC_SPAN_EXT, wire.REC_COUNTERS)
+_V4_TYPES = (wire.REC_REQUEST, wire.REC_REQUEST_TEXT)
 _U64 = struct.Struct("<Q")
 
 
@@ -109,7 +114,7 @@ RATE_WINDOW_S = 1.0
 _WAKE = object()  # the selector key of Ingest's wake-up pipe
 
 
-class Ingest(RunRegistry, RecordDecoder, CensusIngest, PyStateIngest):
+class Ingest(RunRegistry, RecordDecoder, RequestDecoder, CensusIngest, PyStateIngest):
     """The probe socket and everything that comes through it."""
 
     def __init__(
@@ -199,6 +204,7 @@ class Ingest(RunRegistry, RecordDecoder, CensusIngest, PyStateIngest):
         os.set_blocking(self._wake_w, False)
         self.selector.register(self._wake_r, selectors.EVENT_READ, _WAKE)
         store.add_flush_hook(self.progress_statements)
+        self._init_requests(store)
 
     # ----- set-up ------------------------------------------------------------
     def _max_run_id(self):
@@ -422,7 +428,9 @@ class Ingest(RunRegistry, RecordDecoder, CensusIngest, PyStateIngest):
             n_ext = types.count(_TYPE_EXT)
             n_counters = types.count(_TYPE_COUNTERS)
         elif _TYPE_EXT in types or _TYPE_COUNTERS in types:
-            data = _v1_unknown_types(data, count)  # in v1 these are unknown types
+            data = _unknown_types(data, count, _V2_TYPES)  # in v1 these are unknown types
+        if version < 4 and (_TYPE_REQUEST in types or _TYPE_REQUEST_TEXT in types):
+            data = _unknown_types(data, count, _V4_TYPES)  # and these before v4
         n_seq = count - n_strings - n_ext - n_counters
         if first_seq >= SEQ_LIMIT:
             return self._reject(run_id, conn.pid, "seq_out_of_range")
@@ -455,6 +463,8 @@ class Ingest(RunRegistry, RecordDecoder, CensusIngest, PyStateIngest):
                 self._reject(run_id, conn.pid, "orphan_span_ext", n_ext)
             if n_seq:
                 n_unknown = n_seq - types.count(_TYPE_SPAN) - types.count(_TYPE_GC)
+                if version >= 4:
+                    n_unknown -= types.count(_TYPE_REQUEST) + types.count(_TYPE_REQUEST_TEXT)
                 if n_unknown:
                     self._reject(run_id, conn.pid, "unknown_record_type", n_unknown)
                 run.chunks.append(data[wire.HEADER_SIZE :])
@@ -574,12 +584,13 @@ class Ingest(RunRegistry, RecordDecoder, CensusIngest, PyStateIngest):
         }
 
 
-def _v1_unknown_types(data, count):
-    """A version-1 datagram with record types 4 or 5 (unknown in v1, so
-    sequence-carrying): mark them 0xFF so the decoder treats them as v1 did."""
+def _unknown_types(data, count, types):
+    """A datagram of a version that predates record `types` (so there they
+    are unknown, sequence-carrying types): mark them 0xFF so the decoder
+    treats them as that version's daemon did."""
     buf = bytearray(data)
     for i in range(count):
         off = wire.HEADER_SIZE + i * wire.RECORD_SIZE
-        if buf[off] in (wire.REC_SPAN_EXT, wire.REC_COUNTERS):
+        if buf[off] in types:
             buf[off] = 0xFF
     return bytes(buf)

@@ -4,7 +4,7 @@ What `Ingest` (the socket side) accepted is queued here as raw record bytes
 per run; `decode_pending()` (the daemon calls it at least every 200 ms) turns
 each run's bytes into columns with numpy, without a Python object per
 record, and appends spans, GC events, losses and rejection counts to the
-store. Gaps in a run's sequence numbers become `losses` rows with the reason
+store (request events: ingest/request_events.py). Gaps in a run's sequence numbers become `losses` rows with the reason
 the client's counters give. Never touches a socket and never raises on bad
 record content: what it cannot store is counted in `ingest_errors`.
 """
@@ -159,6 +159,7 @@ class RecordDecoder:
         self.store.record_losses("client", losses)
         for run, chunks, first_seqs, counts, names in work:
             self._decode_run(run, chunks, first_seqs, counts, names)
+        self._forget_request_runs()
         with self._lock:
             # Taken after decoding, so that what decoding rejected is written
             # now, not one decode later (or never, at shutdown).
@@ -265,7 +266,8 @@ class RecordDecoder:
                     "seq": gc_seq,
                 },
             )
-        run.records += len(spans) + len(gcs)
+        stored = self._decode_requests(run, recs, rtype, seq)
+        run.records += len(spans) + len(gcs) + stored
 
     def _note_span_threads(self, run, tids):
         """Tell `on_step_threads(pid, tids)` of threads new to this run's spans

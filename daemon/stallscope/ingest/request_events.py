@@ -1,0 +1,300 @@
+"""Request lifecycle records at ingest: REQUEST and REQUEST_TEXT into `requests` and `request_events`.
+
+A mixin of `Ingest`, called by `RecordDecoder._decode_run` with a run's
+decoded records (wire version 4, probe_client/_requests.py). Events are
+checked with numpy, one array operation per rule, and what breaks a rule is
+counted in `ingest_errors`, never raised, the rest stored: an unknown event
+code (`request_unknown_event`), a negative token count
+(`request_negative_tokens`), an event of a request after its `finished` or
+`aborted` (`request_after_finished`), a str id's text whose hash is not the
+request id (`request_id_hash_mismatch`: the text is dropped, the events
+kept) and text parts that do not make one id (`bad_request_text`). Every
+good event is a `request_events` row. A request seen for the first time is
+a `requests` row appended with its first decode; later decodes change its
+row (last event, end, counts, text) through one UPDATE per flush
+(`request_statements`, a store flush hook), so the writer does one
+statement per flush, not one per request. Per run the decoder remembers
+its open requests (their running counts) and the last DONE_MAX ended ones
+(to see events after the end); Python work is per request, not per record.
+"""
+
+import threading
+
+import numpy as np
+import pyarrow as pa
+
+from probe_client import wire
+from stallscope.vocab.schema import STORED_NS_SQL
+
+TEXT_DTYPE = np.dtype(
+    [
+        ("rtype", "u1"),
+        ("part", "u1"),
+        ("length", "<u2"),
+        ("request_id", "<u8"),
+        ("text", "S20"),
+    ]
+)
+assert TEXT_DTYPE.itemsize == wire.RECORD_SIZE
+
+EVENT_NAMES = np.array([None, *wire.REQUEST_EVENTS], dtype=object)
+_FINISHED = wire.REQUEST_EVENT_CODES["finished"]
+_ABORTED = wire.REQUEST_EVENT_CODES["aborted"]
+_TOKEN = wire.REQUEST_EVENT_CODES["token"]
+# Ended requests remembered per run, to count events that come after the
+# end; the oldest are forgotten first.
+DONE_MAX = 65536
+
+
+class _RunRequests:
+    """One run's requests as the decoder knows them."""
+
+    __slots__ = ("open", "done")
+
+    def __init__(self):
+        self.open = {}  # request_id -> [last_ns, events, output_tokens, has_text]
+        self.done = {}  # request_id -> None, in the order they ended
+
+
+class RequestDecoder:
+    """The request half of `Ingest` (a mixin: state lives on the Ingest)."""
+
+    def _init_requests(self, store):
+        self._req_runs = {}  # run_id -> _RunRequests
+        self._req_updates = {}  # (run_id, request_id) -> (last_ns, end, events, tokens, text)
+        self._req_lock = threading.Lock()
+        store.add_flush_hook(self.request_statements)
+
+    def _decode_requests(self, run, recs, rtype, seq):
+        """Store the run's REQUEST records of this decode; returns how many
+        records were stored (events, and text parts that named a request)."""
+        is_req = rtype == wire.REC_REQUEST
+        is_text = rtype == wire.REC_REQUEST_TEXT
+        if not is_req.any() and not is_text.any():
+            return 0
+        run_id, pid = run.run_id, run.pid
+        state = self._req_runs.get(run_id)
+        if state is None:
+            state = self._req_runs[run_id] = _RunRequests()
+        texts, text_records = {}, 0
+        if is_text.any():
+            texts, text_records = self._request_texts(run, recs[is_text].view(TEXT_DTYPE))
+        req = recs[is_req]
+        code = req["flags"]
+        has_tok = (req["kind_id"] & wire.REQ_HAS_TOKENS) != 0
+        tokens = req["a"].view("<i4")
+        ok = (code >= 1) & (code <= len(wire.REQUEST_EVENTS))
+        if not ok.all():
+            self._reject(run_id, pid, "request_unknown_event", int((~ok).sum()))
+        neg = ok & has_tok & (tokens < 0)
+        if neg.any():
+            self._reject(run_id, pid, "request_negative_tokens", int(neg.sum()))
+            ok &= ~neg
+        rid = req["end_ns"]
+        # Events after their request's end: ended in an earlier decode, or
+        # after the first finished/aborted of this one (in record order,
+        # which is each thread's time order).
+        at = np.flatnonzero(ok)
+        if len(at):
+            uniq, inv = np.unique(rid[at], return_inverse=True)
+            ends = np.isin(code[at], (_FINISHED, _ABORTED))
+            first_end = np.full(len(uniq), len(at), dtype=np.int64)
+            np.minimum.at(first_end, inv[ends], np.flatnonzero(ends))
+            done = state.done
+            ended = np.fromiter((u in done for u in uniq.tolist()), dtype=bool, count=len(uniq))
+            late = ended[inv] | (np.arange(len(at)) > first_end[inv])
+            if late.any():
+                self._reject(run_id, pid, "request_after_finished", int(late.sum()))
+                ok[at[late]] = False
+        keep = np.flatnonzero(ok)
+        if len(keep):
+            self._store_requests(
+                run_id, state, texts, req[keep], seq[is_req][keep], has_tok[keep], tokens[keep]
+            )
+        elif texts:
+            self._note_texts(run_id, state, texts)
+        return len(keep) + text_records
+
+    def _store_requests(self, run_id, state, texts, req, seq, has_tok, tokens):
+        n = len(req)
+        rid = req["end_ns"]
+        code = req["flags"]
+        ts = req["start_ns"].astype(np.int64)
+        self.store.append(
+            "request_events",
+            {
+                "run_id": np.full(n, run_id, dtype=np.int64),
+                "request_id": pa.array(rid, type=pa.uint64()),
+                "event": EVENT_NAMES[code.astype(np.int64)],
+                "ts_ns": ts,
+                "tid": req["tid"].astype(np.int64),
+                "tokens": pa.array(tokens.astype(np.int64), mask=~has_tok, type=pa.int64()),
+                "seq": seq,
+            },
+        )
+        # Per request of this decode: first and last time, events, output
+        # tokens (of `token` events), and the end if one came.
+        uniq, inv = np.unique(rid, return_inverse=True)
+        m = len(uniq)
+        first = np.full(m, np.iinfo(np.int64).max, dtype=np.int64)
+        last = np.full(m, np.iinfo(np.int64).min, dtype=np.int64)
+        np.minimum.at(first, inv, ts)
+        np.maximum.at(last, inv, ts)
+        events = np.bincount(inv, minlength=m)
+        out_tok = np.where(has_tok & (code == _TOKEN), tokens, 0).astype(np.int64)
+        toks = np.zeros(m, dtype=np.int64)
+        np.add.at(toks, inv, out_tok)
+        end = np.zeros(m, dtype=np.int64)
+        ends = np.isin(code, (_FINISHED, _ABORTED))
+        end[inv[ends]] = code[ends]
+        new = {k: [] for k in ("request_id", "text", "first_ns", "last_ns", "end", "ev", "tok")}
+        updates = []
+        for i, key in enumerate(uniq.tolist()):
+            text = texts.pop(key, None)
+            end_name = EVENT_NAMES[end[i]] if end[i] else None
+            known = state.open.get(key)
+            if known is None:
+                new["request_id"].append(key)
+                new["text"].append(text)
+                new["first_ns"].append(int(first[i]))
+                new["last_ns"].append(int(last[i]))
+                new["end"].append(end_name)
+                new["ev"].append(int(events[i]))
+                new["tok"].append(int(toks[i]))
+                known = [int(last[i]), int(events[i]), int(toks[i]), text is not None]
+                if end_name is None:
+                    state.open[key] = known
+            else:
+                known[0] = max(known[0], int(last[i]))
+                known[1] += int(events[i])
+                known[2] += int(toks[i])
+                if text is not None:
+                    known[3] = True
+                updates.append((key, known[0], end_name, known[1], known[2], text))
+                if end_name is not None:
+                    del state.open[key]
+            if end_name is not None:
+                self._remember_done(state, key)
+        if new["request_id"]:
+            k = len(new["request_id"])
+            self.store.append(
+                "requests",
+                {
+                    "run_id": np.full(k, run_id, dtype=np.int64),
+                    "request_id": pa.array(new["request_id"], type=pa.uint64()),
+                    "text": pa.array(new["text"], type=pa.string()),
+                    "first_ns": np.array(new["first_ns"], dtype=np.int64),
+                    "last_ns": np.array(new["last_ns"], dtype=np.int64),
+                    "end_event": pa.array(new["end"], type=pa.string()),
+                    "events": np.array(new["ev"], dtype=np.int64),
+                    "output_tokens": np.array(new["tok"], dtype=np.int64),
+                },
+            )
+        if texts:
+            self._note_texts(run_id, state, texts)
+        if updates:
+            with self._req_lock:
+                for key, last_ns, end_name, ev, tok, text in updates:
+                    prev = self._req_updates.get((run_id, key))
+                    if prev is not None:
+                        end_name = end_name or prev[1]
+                        text = text or prev[4]
+                    self._req_updates[(run_id, key)] = (last_ns, end_name, ev, tok, text)
+
+    def _note_texts(self, run_id, state, texts):
+        """Texts of requests whose row exists (their `arrived` came in an
+        earlier decode): set by the next flush's UPDATE, the rest unchanged."""
+        with self._req_lock:
+            for key, text in texts.items():
+                known = state.open.get(key)
+                if known is None:
+                    continue  # no event of it was stored: nothing to name
+                prev = self._req_updates.get((run_id, key))
+                self._req_updates[(run_id, key)] = (
+                    (known[0], None, known[1], known[2], text)
+                    if prev is None
+                    else (*prev[:4], text)
+                )
+
+    @staticmethod
+    def _remember_done(state, key):
+        done = state.done
+        done[key] = None
+        if len(done) > DONE_MAX:
+            del done[next(iter(done))]
+
+    def _request_texts(self, run, parts):
+        """({request_id: its str id}, records used) from REQUEST_TEXT
+        records, each id checked against the hash it must have (when it was
+        sent whole)."""
+        by_id = {}
+        bad = mismatch = 0
+        for rid, part, length, text in zip(
+            parts["request_id"].tolist(),
+            parts["part"].tolist(),
+            parts["length"].tolist(),
+            parts["text"].tolist(),
+            strict=True,
+        ):
+            by_id.setdefault(rid, []).append((part, length, text))
+        out = {}
+        used = 0
+        for rid, got in by_id.items():
+            length = got[0][1]
+            sent = min(length, wire.REQ_TEXT_MAX)
+            want = -(-sent // wire.REQ_TEXT_PART)
+            got.sort()
+            if (
+                [p for p, _, _ in got] != list(range(want))
+                or any(n != length for _, n, _ in got)
+                or sent == 0
+            ):
+                bad += len(got)
+                continue
+            raw = b"".join(t.ljust(wire.REQ_TEXT_PART, b"\0") for _, _, t in got)[:sent]
+            if length <= wire.REQ_TEXT_MAX and wire.request_key(raw) != rid:
+                mismatch += 1
+                continue
+            out[rid] = raw.decode("utf-8", "replace")
+            used += len(got)
+        if bad:
+            self._reject(run.run_id, run.pid, "bad_request_text", bad)
+        if mismatch:
+            self._reject(run.run_id, run.pid, "request_id_hash_mismatch", mismatch)
+        return out, used
+
+    def _forget_request_runs(self):
+        """Drop the state of runs ingest no longer holds."""
+        for run_id in [r for r in self._req_runs if r not in self.runs]:
+            del self._req_runs[run_id]
+
+    def request_statements(self):
+        """The store's flush hook: one UPDATE of every `requests` row that
+        changed since the last flush (its row was appended earlier)."""
+        with self._req_lock:
+            updates, self._req_updates = self._req_updates, {}
+        if not updates:
+            return []
+        keys = list(updates)
+        vals = [updates[k] for k in keys]
+        return [
+            (
+                "UPDATE requests SET last_ns = greatest(requests.last_ns, u.last_ns), "
+                "end_event = coalesce(u.end_event, requests.end_event), events = u.events, "
+                "output_tokens = u.output_tokens, text = coalesce(requests.text, u.text), "
+                f"stored_ns = {STORED_NS_SQL} FROM (SELECT unnest(?::BIGINT[]) AS run_id, "
+                "unnest(?::VARCHAR[])::UBIGINT AS request_id, unnest(?::BIGINT[]) AS last_ns, "
+                "unnest(?::VARCHAR[]) AS end_event, unnest(?::BIGINT[]) AS events, "
+                "unnest(?::BIGINT[]) AS output_tokens, unnest(?::VARCHAR[]) AS text) u "
+                "WHERE requests.run_id = u.run_id AND requests.request_id = u.request_id",
+                [
+                    [k[0] for k in keys],
+                    [str(k[1]) for k in keys],
+                    [v[0] for v in vals],
+                    [v[1] for v in vals],
+                    [v[2] for v in vals],
+                    [v[3] for v in vals],
+                    [v[4] for v in vals],
+                ],
+            )
+        ]
