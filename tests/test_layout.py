@@ -301,3 +301,22 @@ def test_loggers_are_named_by_module_or_by_a_documented_channel():
     doc = doc.split("\n## ", 1)[0]
     listed = set(re.findall(r"^\| `(stallscope[a-z_.]*)` \|", doc, re.M))
     assert set(CHANNELS.values()) == listed
+
+
+def test_every_package_ships_in_the_wheel():
+    """A folder with an __init__.py that pyproject.toml's `packages` does not
+    name is missing from an installed daemon (scripts/install.sh installs
+    the wheel, not the checkout): its imports would fail only there."""
+    import tomllib
+
+    listed = set(
+        tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    )
+    found = {
+        ".".join(p.parent.relative_to(PACKAGE.parent).parts)
+        for p in PACKAGE.rglob("__init__.py")
+        if "__pycache__" not in p.parts
+    }
+    assert found - listed == set(), (
+        f"add to pyproject.toml [tool.setuptools] packages: {sorted(found - listed)}"
+    )

@@ -4,7 +4,7 @@ probe watched, how late it began, and the run's `uncovered` slow steps."""
 from db import MS, add_run, add_steps, new_db
 
 from stallscope.analysis.access import STATUS_QUERIES
-from stallscope.analysis.coverage import STATUS_SQL, coverage_section
+from stallscope.analysis.sections.coverage import STATUS_SQL, coverage_section
 
 
 def test_partial_and_late_coverage_is_reported_per_probe():

@@ -6,8 +6,8 @@ from pathlib import Path
 
 from db import add_run, add_steps, new_db
 
-from stallscope.analysis.hangs import MAX_DUMPS, hang_section
 from stallscope.analysis.report import build_report
+from stallscope.analysis.sections.hangs import MAX_DUMPS, hang_section
 
 FIXTURE = Path(__file__).parent / "fixtures" / "hang.sql"
 

@@ -11,7 +11,7 @@ import re
 
 import duckdb
 
-from stallscope.analysis.coverage import STATUS_SQL as COVERAGE_STATUS_SQL
+from stallscope.analysis.sections.coverage import STATUS_SQL as COVERAGE_STATUS_SQL
 from stallscope.errors import AccessError
 
 STATUS_QUERIES = (

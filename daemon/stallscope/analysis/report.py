@@ -3,8 +3,8 @@
 `build_report(con, out_dir=None, run_ids=None)` returns the text (per-run
 table, the generation-2 table, the heap growers and GC advice, the slow-step
 breakdown by cause, the on-CPU part (analysis/oncpu.py), the top
-preemptors and wakers per run, the run groups (analysis/groups.py), the
-hang watchdog's dumps (analysis/hangs.py) and the probes' coverage) and, when
+preemptors and wakers per run, the run groups (analysis/sections/groups.py), the
+hang watchdog's dumps (analysis/sections/hangs.py) and the probes' coverage) and, when
 `out_dir` is given, writes PNG figures there in the seed's manner: every
 step of each run over time with slow steps coloured by cause, a +-1 s
 zoom around generation-2 passes (a budget per run, longest passes first),
@@ -14,13 +14,13 @@ It only reads, so it works on a read-only connection or one the daemon lends.
 
 import os
 
-from stallscope.analysis.coverage import coverage_section
 from stallscope.analysis.formatting import format_table
 from stallscope.analysis.formatting import query_rows as _rows
 from stallscope.analysis.gc_forensics import gc_section
-from stallscope.analysis.groups import group_section
-from stallscope.analysis.hangs import hang_section
 from stallscope.analysis.oncpu import flame_figures, oncpu_section
+from stallscope.analysis.sections.coverage import coverage_section
+from stallscope.analysis.sections.groups import group_section
+from stallscope.analysis.sections.hangs import hang_section
 from stallscope.vocab import rules
 
 MAX_ZOOM_FIGURES = 24  # zooms in all, shared out per run (at least one each), longest passes first
