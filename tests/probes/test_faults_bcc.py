@@ -82,7 +82,11 @@ def test_each_kind_is_counted_and_its_time_measured(probe, work, cached, kind):
     print(f"{kind}: {counted} faults, measured {cost / 1e6:.3f} ms, truth "
           f"{rec['truth_ns'] / 1e6:.3f} ms ({cost / rec['truth_ns']:.3f})")  # fmt: skip
     assert abs(cost - rec["truth_ns"]) <= TOLERANCE * rec["truth_ns"], (cost, rec)
-    assert set(rows["cost_method"]) <= {"measured", "row_mean"}, set(rows["cost_method"])
+    # an interval's last fault is costed by its row's mean, or by the thread's
+    # when its row has no measured fault (a huge-page burst has only ~30)
+    assert set(rows["cost_method"]) <= {"measured", "row_mean", "thread_mean"}, set(
+        rows["cost_method"]
+    )
     assert set(every["cost_method"]) <= set(COST_METHODS)
 
 
