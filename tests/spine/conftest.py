@@ -1,3 +1,5 @@
+import gc
+
 import pytest
 
 from helpers.daemonproc import DaemonProcess
@@ -10,3 +12,14 @@ def daemon(tmp_path):
     if d.proc.poll() is None:
         d.proc.kill()
         d.proc.wait()
+
+
+@pytest.fixture
+def gc_off():
+    """Automatic collection off for the test (a full pass first), as it was after."""
+    was = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    yield
+    if was:
+        gc.enable()

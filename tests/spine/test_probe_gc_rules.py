@@ -52,16 +52,6 @@ def instrument(probe, engine):
     probe.attach(Ticket, "collect", kind="collect")
 
 
-@pytest.fixture
-def gc_off():
-    was = gc.isenabled()
-    gc.collect()
-    gc.disable()
-    yield
-    if was:
-        gc.enable()
-
-
 @pytest.fixture(scope="module")
 def live_daemon(tmp_path_factory):
     """One daemon for the module's live-daemon cases: each probe is a run of

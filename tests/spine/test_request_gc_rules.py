@@ -24,16 +24,6 @@ pytestmark = pytest.mark.daemon
 N = 3000
 
 
-@pytest.fixture
-def gc_off():
-    was = gc.isenabled()
-    gc.collect()
-    gc.disable()
-    yield
-    if was:
-        gc.enable()
-
-
 @pytest.fixture(scope="module")
 def live_daemon(tmp_path_factory):
     from helpers.daemonproc import DaemonProcess

@@ -93,16 +93,6 @@ def _cyclic_heap(n):
     return heap
 
 
-@pytest.fixture
-def gc_off():
-    was = gc.isenabled()
-    gc.collect()
-    gc.disable()
-    yield
-    if was:
-        gc.enable()
-
-
 def test_request_latency_matches_the_engine_and_names_the_gc_pause(tmp_path, gc_off):
     daemon = DaemonProcess(tmp_path).start()
     probe = probe_client.connect(socket_path=daemon.socket, gc=True)
