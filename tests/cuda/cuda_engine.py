@@ -115,7 +115,7 @@ def steps(socket_path, lib_path, plan_path):
     while start_file and not os.path.exists(start_file):
         time.sleep(0.01)
     inject = {int(k): v for k, v in plan.get("inject", {}).items()}
-    starts = []
+    starts, syncs = [], []
     for i in range(plan["steps"]):
         extra = inject.get(i, {})
         if extra.get("fifo"):
@@ -130,12 +130,14 @@ def steps(socket_path, lib_path, plan_path):
             cuda.poll()
         else:
             cuda.sync(sleeps=how == "sleep")
+        # when the "GPU" was done and when its sync came back (CLOCK_MONOTONIC)
+        syncs.append((cuda.lib.fake_busy_until(), time.monotonic_ns()))
         probe.end("step", t0, batch=1)
         if extra.get("fifo"):
             realtime(False)
         time.sleep(plan.get("gap_s", 0.002))
     probe.close()
-    out = {"pid": os.getpid(), "tid": threading.get_native_id(), "starts": starts}
+    out = {"pid": os.getpid(), "tid": threading.get_native_id(), "starts": starts, "syncs": syncs}
     print(json.dumps(out), flush=True)
 
 

@@ -88,6 +88,8 @@ void fake_set_sync_sleeps(int on) { sync_sleeps = on; }
 // The "GPU" stays busy for `ns` from now: syncs wait, queries say not ready.
 void fake_busy_for(long long ns) { busy_until = now_ns() + ns; }
 long long fake_launches(void) { return launches; }
+// When the "GPU" is done: what a sync returning later waited for the CPU.
+long long fake_busy_until(void) { return busy_until; }
 
 // -- the driver API -------------------------------------------------------------
 CUresult cuInit(unsigned int flags) { (void)flags; return CUDA_SUCCESS; }

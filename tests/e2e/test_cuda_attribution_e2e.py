@@ -15,7 +15,14 @@ sync must never be called `blocked`. As in test_attribution_e2e.py, an
 injected step that the loaded machine preempted or kept waiting for a CPU
 at least half as long as the injection itself took is no longer ground
 truth: it is left out of the score (listed), never relabelled, and more
-than 10 % left out fails the test.
+than 10 % left out fails the test. The same holds for time the kernel
+never saw: a sync that came back well after the "GPU" was done while its
+thread never left the CPU (a hypervisor's steal on a shared VM, 4-14 ms
+seen) is host time a real driver could not tell from the GPU's either. A
+step whose such hidden overshoot is at least half the rest of its excess is
+the machine's: an injected one is left out, an uninjected one named
+`gpu_wait` is not counted against precision (both listed; at most 10 % and
+5 % of the steps).
 """
 
 import json
@@ -67,6 +74,17 @@ def daemon(tmp_path):
         d.stop()
 
 
+def ms(ns):
+    return None if ns is None else round(ns / 1e6, 1)
+
+
+def hidden_overshoot_ns(gpu_done_ns, back_ns, offcpu):
+    """How long a sync came back after the "GPU" was done, less the time the
+    kernel saw its thread off the CPU meanwhile (that part the tool sees)."""
+    seen = sum(max(0, min(b, back_ns) - max(a, gpu_done_ns)) for a, b in offcpu)
+    return max(0, back_ns - gpu_done_ns - seen)
+
+
 def run_engine(daemon, lib, sync, tmp_path):
     start = tmp_path / f"start-{sync}"
     plan_path = tmp_path / f"plan-{sync}.json"
@@ -95,7 +113,7 @@ def test_gpu_waits_and_launch_storms_are_named(daemon, tmp_path):
     engines = {sync: run_engine(daemon, lib, sync, tmp_path) for sync in ("spin", "sleep", "poll")}
     rc, _ = daemon.stop(timeout_s=60)
     assert rc == 0
-    truth, predicted, left = {}, {}, []
+    truth, predicted, left, excused, shape = {}, {}, [], [], {}
     for sync, eng in engines.items():
         (run_id,) = daemon.query("SELECT run_id FROM runs WHERE pid = ?", [eng["pid"]])[0]
         cov = daemon.query(
@@ -110,10 +128,15 @@ def test_gpu_waits_and_launch_storms_are_named(daemon, tmp_path):
         )
         by_start = {r[0]: r for r in rows}
         assert len(rows) == STEPS
+        off = daemon.query(
+            "SELECT start_ns, end_ns FROM offcpu WHERE pid = ? AND tid = ?",
+            [eng["pid"], eng["tid"]],
+        )
         for i, t0 in enumerate(eng["starts"]):
             _, cause, gpu_wait, _, blocked, launches, sync_ns, excess, competing, who = by_start[t0]
             key = (sync, i)
             predicted[key] = cause
+            shape[key] = (ms(sync_ns), ms(excess), ms(competing), who)  # for the failure message
             # every launch counted, in its own step
             assert launches == (STORM["launches"] if i in STORM_STEPS else 20), (key, launches)
             if i in GPU_STEPS:
@@ -124,6 +147,15 @@ def test_gpu_waits_and_launch_storms_are_named(daemon, tmp_path):
                 if sync == "sleep":
                     # the sleep is the GPU's: not left in blocked
                     assert (blocked or 0) < 0.1 * gpu_wait, (key, blocked, gpu_wait)
+            hidden = hidden_overshoot_ns(*eng["syncs"][i], off)
+            if hidden >= (excess - hidden) / 2 and excess > 0:  # the machine's, unseen
+                if i not in GPU_STEPS | STORM_STEPS:
+                    if cause == "gpu_wait":
+                        excused.append((key, ms(hidden)))
+                        del predicted[key]
+                    continue
+                left.append((key, hidden // 10**6, "hidden"))
+                continue
             if i not in GPU_STEPS | STORM_STEPS:
                 continue
             if competing >= (excess - competing) / 2:  # the machine's, not the injection's
@@ -132,7 +164,9 @@ def test_gpu_waits_and_launch_storms_are_named(daemon, tmp_path):
             truth[key] = "gpu_wait" if i in GPU_STEPS else "launch"
     injected = len(GPU_STEPS | STORM_STEPS) * len(engines)
     report = f"{len(left)} of {injected} injections left out for CPU contention: {left}"
+    report += f"; {len(excused)} uninjected steps named gpu_wait for hidden host time: {excused}"
     assert len(left) <= 0.10 * injected, f"the machine was too busy to tell the causes: {report}"
+    assert len(excused) <= 0.05 * (STEPS * len(engines) - injected), report
     for name in ("gpu_wait", "launch"):
         mine = [k for k, v in truth.items() if v == name]
         right = sum(predicted[k] == name for k in mine)
@@ -141,7 +175,9 @@ def test_gpu_waits_and_launch_storms_are_named(daemon, tmp_path):
         assert right / len(mine) >= MIN_SCORE, (
             f"{name} recall {right}/{len(mine)} {wrong}; {report}"
         )
-        others = sorted(k for k in predicted if predicted[k] == name and truth.get(k) != name)
+        others = sorted(
+            (k, shape[k]) for k in predicted if predicted[k] == name and truth.get(k) != name
+        )
         assert right / max(named, 1) >= MIN_SCORE, (
             f"{name} precision {right}/{named} (also named so: {others}); {report}"
         )

@@ -52,6 +52,7 @@ class FakeCuda:
         for name in ("fake_set_launch_ns", "fake_set_copy_ns", "fake_busy_for"):
             getattr(self.lib, name).argtypes = [ct.c_longlong]
         self.lib.fake_launches.restype = ct.c_longlong
+        self.lib.fake_busy_until.restype = ct.c_longlong
         self.lib.cuLaunchKernel.argtypes = [ct.c_void_p] + [ct.c_uint] * 7 + [ct.c_void_p] * 3
         self.lib.cuMemcpyHtoD_v2.argtypes = [ct.c_ulonglong, ct.c_void_p, ct.c_size_t]
 
