@@ -3,10 +3,12 @@ after warm-up help?".
 
 `compare_runs(con, run_a, run_b)` returns text: generation-2 count and
 pauses, step p50/p99 per stage, steps over 100 ms, and per stage and batch
-size the ratio of median step latency (B / A). Runs are named by run_id or
-by label. It only reads the database.
+size the ratio of median step latency (B / A), then where each ran and
+whether a difference is placement or code (compare_placement.py). Runs are
+named by run_id or by label. It only reads the database.
 """
 
+from stallscope.analysis.compare_placement import placement_section
 from stallscope.analysis.formatting import format_table
 from stallscope.errors import RunNotFound
 
@@ -158,4 +160,5 @@ def compare_runs(con, run_a, run_b):
             f"{geo:.4f} x A's (geometric mean, weighted by the smaller step count).\n"
         )
     out.append(text)
+    out.append(placement_section(con, a, b))
     return "\n".join(out)

@@ -78,7 +78,30 @@ def _runs_section(con, where):
     text = "== Runs ==\n"
     if not rows:
         return text + "(no runs with steps or GC passes)\n"
-    return text + format_table(head, rows)
+    return text + format_table(head, rows) + _placement_table(con, where)
+
+
+def _placement_table(con, where):
+    """Where each run ran (run_placement), under the run table."""
+    _, rows = _rows(
+        con,
+        f"""
+        SELECT run_id, cpu_time, sibling_busy_pct, cpu_node, mem_node, numa_remote, clock_mhz,
+               hash_seed, affinity, cgroup_cpus
+        FROM run_placement WHERE {where} ORDER BY run_id""",
+    )
+    if not rows:
+        return "(placement: no run covered by the placement probe)\n"
+    head = ["run", "CPU time", "SMT sibling busy %", "CPU node", "memory node", "remote",
+            "clock MHz", "hash seed", "affinity", "cgroup CPUs"]  # fmt: skip
+    reasons = {
+        r[0]
+        for r in con.execute(
+            f"SELECT DISTINCT reasons FROM run_placement WHERE {where} AND reasons IS NOT NULL"
+        ).fetchall()
+    }
+    note = ("placement not known here: " + "; ".join(sorted(reasons)) + "\n") if reasons else ""
+    return "Placement:\n" + format_table(head, rows) + note
 
 
 def _gen2_section(con, where):

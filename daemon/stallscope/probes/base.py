@@ -169,6 +169,23 @@ class ProbeSettings:
         "(a library dlopen'ed later) this often, ms",
         minimum=1,
     )
+    # where traced processes ran and what shared their CPUs (docs/placement.md)
+    placement: bool = _key(
+        True,
+        "placement probe: each traced process's CPUs (time per CPU), how busy their SMT "
+        "siblings were, NUMA nodes, CPU clock, affinity, cgroup CPU limit and hash seed (/proc, /sys)",
+    )
+    placement_poll_ms: float = _key(
+        1000.0,
+        "placement probe: read each traced thread's CPU and CPU time this often, ms",
+        minimum=10,
+    )
+    placement_window_s: float = _key(
+        5.0,
+        "placement probe: one placement_cpu row per process and CPU this often, s",
+        minimum=0.01,
+    )
+    sys_root: str = _key("/sys", "sysfs root (tests point it at fixtures)")
     # the CPU sampler: Python stacks of tracked threads on CPU (docs/cpu-sampler.md)
     cpu_sampler: bool = _key(
         True,

@@ -22,6 +22,8 @@ PROBES = {
     "irq": ["stallscope.probes.irq_bcc:BccIrqProbe"],
     "steal": ["stallscope.probes.steal_proc:ProcStealProbe"],
     "syscalls": ["stallscope.probes.syscalls_bcc:BccSyscallsProbe"],
+    # where traced processes ran, what shared their CPUs (docs/placement.md)
+    "placement": ["stallscope.probes.placement_proc:ProcPlacementProbe"],
     # what tracked threads run on CPU, Python frames included (docs/cpu-sampler.md)
     "cpu": ["stallscope.probes.cpu_bcc:BccCpuProbe"],
     # host time inside the CUDA driver (docs/cuda-probe.md)

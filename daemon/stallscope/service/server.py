@@ -256,6 +256,7 @@ class Daemon:
         causes = None if self.settings.kernel_causes else "none"
         wanted = [("sched", sched_backend), ("gpu", gpu_backend)]
         wanted += [(n, causes) for n in KERNEL_CAUSE_PROBES]
+        wanted.append(("placement", None if self.settings.placement else "none"))
         wanted.append((CPU_PROBE, None if self.settings.cpu_sampler else "none"))
         wanted.append((CUDA_PROBE, None if self.settings.cuda_driver else "none"))
         for name, prefer in wanted:

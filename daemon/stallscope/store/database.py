@@ -126,6 +126,8 @@ PROBE_TABLES = frozenset(
         "page_faults",
         "irq_time",
         "steal",
+        "placement",
+        "placement_cpu",
         "nvml_samples",
         "nvml_clock_sync",
         "daemon_stats",
