@@ -13,8 +13,8 @@ import numpy as np
 from helpers.sched import CollectSink
 from helpers.schema_db import fresh_db
 from stallscope.analysis.compare import compare_runs
-from stallscope.analysis.report import build_report
 from stallscope.analysis.compare_placement import placement_differences
+from stallscope.analysis.report import build_report
 from stallscope.probes.base import ProbeSettings
 from stallscope.probes.placement_proc import (
     ProcPlacementProbe,

@@ -21,6 +21,7 @@ from stallscope.analysis.oncpu import flame_figures, oncpu_section
 from stallscope.analysis.sections.coverage import coverage_section
 from stallscope.analysis.sections.groups import group_section
 from stallscope.analysis.sections.hangs import hang_section
+from stallscope.analysis.sections.requests import request_section
 from stallscope.vocab import rules
 
 MAX_ZOOM_FIGURES = 24  # zooms in all, shared out per run (at least one each), longest passes first
@@ -457,6 +458,7 @@ def build_report(con, out_dir=None, run_ids=None):
         _slow_section(con, where),
         oncpu_section(con, where),
         _who_section(con, where),
+        request_section(con, where),
         group_section(con, where),
         hang_section(con, where),
         coverage_section(con, where),
