@@ -237,3 +237,44 @@ def test_all_null_columns_are_folded_not_lost(metrics):
     got = _collect(metrics)
     assert total(got, "DCGM_FI_DEV_SM_CLOCK", gpu="0") == 1500
     assert not [k for k in got if k[0] == "DCGM_FI_DEV_POWER_USAGE"]
+
+
+def _events(rows):
+    """A request_events batch from (run, request, event, ts_ms) rows."""
+    run, rid, event, ts = zip(*rows, strict=True)
+    return pa.table(
+        {
+            "run_id": list(run),
+            "request_id": pa.array(rid, pa.uint64()),
+            "event": list(event),
+            "ts_ns": [round(t * MS) for t in ts],
+            "tid": [1] * len(rows),
+            "tokens": pa.array([1 if e == "token" else None for e in event], pa.int64()),
+            "seq": list(range(len(rows))),
+        }
+    )
+
+
+def test_request_ttft_and_itl_histograms_across_batches(metrics):
+    metrics.daemon.ingest.runs[7] = object()
+    # request 1: arrives at 0, tokens at 30, 40, 45 (gaps 10 and 5), then one
+    # more token at 145 in the next batch (gap 100) and finished; request 2
+    # has no arrival seen (no TTFT sample), tokens at 10 and 12 (gap 2);
+    # rows out of order, as two threads of one run may write them.
+    metrics.on_batch("request_events", _events([
+        (7, 1, "token", 40), (7, 1, "arrived", 0), (7, 2, "token", 10), (7, 1, "token", 30),
+        (7, 1, "scheduled", 1), (7, 1, "token", 45), (7, 2, "token", 12),
+    ]))  # fmt: skip
+    assert total(_collect(metrics), "stallscope_request_itl_seconds_count") == 0  # label unknown
+    metrics.on_batch("runs", pa.table({"run_id": [7], "label": ["svc"]}))
+    metrics.on_batch("request_events", _events([(7, 1, "token", 145), (7, 1, "finished", 146)]))
+    got = _collect(metrics)
+    assert total(got, "stallscope_request_ttft_seconds_count", run_label="svc") == 1
+    assert total(got, "stallscope_request_ttft_seconds_sum") == pytest.approx(0.030)
+    assert total(got, "stallscope_request_itl_seconds_count", run_label="svc") == 4
+    assert total(got, "stallscope_request_itl_seconds_sum") == pytest.approx(0.117)
+    le = frozenset({("run_label", "svc"), ("le", repr(0.1))})
+    assert got[("stallscope_request_itl_seconds_bucket", le)] == 4  # 100 ms: on the bound
+    le = frozenset({("run_label", "svc"), ("le", repr(0.05))})
+    assert got[("stallscope_request_itl_seconds_bucket", le)] == 3
+    assert (7, 1) not in metrics._requests.open and (7, 2) in metrics._requests.open

@@ -25,6 +25,7 @@ from prometheus_client.core import (
 )
 
 from stallscope.service import metrics_scrape as scrape
+from stallscope.service.metrics_requests import RequestLatency
 from stallscope.service.metrics_scrape import GPU_FIELDS, counter
 from stallscope.vocab.log_channels import log_channel
 
@@ -125,6 +126,7 @@ class Metrics:
         self._steps = _Histograms(STEP_BUCKETS_S)  # (run_label, stage)
         self._unlabelled = {}  # run_id -> {stage: [counts, sum_ns]} until its label is known
         self._gc = _Histograms(GC_BUCKETS_S)  # (generation,)
+        self._requests = RequestLatency(_Histograms)  # TTFT and ITL by run label
         self._gc_collected = {}  # generation -> objects
         self._offcpu_s = {"preempted": 0.0, "blocked": 0.0}
         self._offcpu_intervals = {"preempted": 0, "blocked": 0}
@@ -156,6 +158,7 @@ class Metrics:
         bounded = self._labels[run_id] = self._run_label(label)
         for stage, (counts, sum_ns) in self._unlabelled.pop(run_id, {}).items():
             self._steps.merge((bounded, self._stage(stage)), counts, sum_ns)
+        self._requests.labelled(run_id, bounded)
 
     def _fold_spans(self, batch):
         # All in Arrow and numpy: no Python object per row (a string column
@@ -200,6 +203,10 @@ class Metrics:
                     entry = waiting.setdefault(stage, [0, 0.0])
                     entry[0] = entry[0] + counts[k]
                     entry[1] += float(sums[k])
+
+    def _fold_request_events(self, batch):
+        with self._lock:
+            self._requests.fold(batch, self._labels.get)
 
     def _fold_gc(self, batch):
         gens = _np(batch["generation"]).astype(np.int64)
@@ -268,6 +275,7 @@ class Metrics:
                 "Garbage-collection pause durations of traced runs, by generation.",
                 ["generation"],
             )
+            yield from self._requests.families()
             passes = CounterMetricFamily(
                 "stallscope_gc_passes",
                 "Garbage-collection passes of traced runs, by generation.",
@@ -319,7 +327,7 @@ class Metrics:
         new run after its first spans; a resumed run has no new row): their
         labels from the database, "" for a run it does not know."""
         with self._lock:
-            waiting = list(self._unlabelled)
+            waiting = list(set(self._unlabelled) | set(self._requests.waiting))
         if not waiting:
             return
         found = {}
@@ -338,7 +346,8 @@ class Metrics:
             log.debug("metrics: run labels unavailable: %s", exc)
         with self._lock:
             for run_id in waiting:
-                if run_id in self._unlabelled and (run_id in found or self._committed(run_id)):
+                held = run_id in self._unlabelled or run_id in self._requests.waiting
+                if held and (run_id in found or self._committed(run_id)):
                     self._learn_label(run_id, found.get(run_id))
 
     def _committed(self, run_id):
@@ -351,6 +360,7 @@ _FOLDERS = {
     "runs": Metrics._fold_runs,
     "spans": Metrics._fold_spans,
     "gc_events": Metrics._fold_gc,
+    "request_events": Metrics._fold_request_events,
     "offcpu": Metrics._fold_offcpu,
     "nvml_samples": Metrics._fold_gpu,
 }
