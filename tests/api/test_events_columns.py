@@ -41,6 +41,8 @@ def test_every_column_a_converter_reads_is_in_its_table(table):
         have = {f.name for f in pb.StallAlert.DESCRIPTOR.fields}
     if table == "hang_events":  # not a table: the hang watchdog's own batches
         have = set(_hang_event("hung").column_names)
+    if table == "request_finished":  # not a table: the request feed's own batches
+        have = set(_request_finished().column_names)
     read = columns_read(kind)
     assert read, table
     assert set(read) - have == set(), f"{table}: the converter reads columns the schema lacks"
@@ -134,3 +136,52 @@ def test_optional_columns_may_be_absent():
     )
     (ev,) = events.to_events(pb.GC_PASS, usdt_gc, {})
     assert ev.gc_pass.generation == 2
+
+
+def _request_finished():
+    """The batch the request feed hands the fanout when requests end: request
+    5 arrives at 1 ms, tokens at 3, 4 and 9 ms (2 each), finishes at 10 ms;
+    request 6's arrival was never seen, it is aborted."""
+    from stallscope.service.request_ends import RequestFinishedFeed
+
+    got = []
+
+    class Fanout:
+        def on_batch(self, table, batch):
+            got.append((table, batch))
+
+    feed = RequestFinishedFeed(Fanout())
+    ms = 1_000_000
+    rows = [(5, "arrived", 1), (5, "token", 3), (6, "token", 2), (5, "token", 4),
+            (5, "token", 9), (5, "finished", 10), (6, "aborted", 11)]  # fmt: skip
+    feed.on_batch("requests", pa.table({"run_id": [3], "request_id": pa.array([5], pa.uint64()),
+                                        "text": ["req-5"]}))  # fmt: skip
+    feed.on_batch(
+        "request_events",
+        pa.table(
+            {
+                "run_id": [3] * len(rows),
+                "request_id": pa.array([r[0] for r in rows], pa.uint64()),
+                "event": [r[1] for r in rows],
+                "ts_ns": [r[2] * ms for r in rows],
+                "tid": [1] * len(rows),
+                "tokens": pa.array([2 if r[1] == "token" else None for r in rows], pa.int64()),
+                "seq": list(range(len(rows))),
+            }
+        ),
+    )
+    ((table, batch),) = got
+    assert table == "request_finished"
+    return batch
+
+
+def test_request_ends_stream_as_request_finished_messages():
+    a, b = events.to_events(pb.REQUEST_FINISHED, _request_finished(), {3: 4242})
+    r = a.request_finished
+    assert (r.run_id, r.pid, r.request_id, r.text, r.end_event) == (3, 4242, 5, "req-5", "finished")
+    ms = 1_000_000
+    assert (r.arrival_ns, r.end_ns, r.ttft_ns, r.e2e_ns) == (1 * ms, 10 * ms, 2 * ms, 9 * ms)
+    assert (r.output_tokens, r.itl_max_ns) == (6, 5 * ms)
+    r = b.request_finished
+    assert (r.request_id, r.text, r.end_event, r.output_tokens) == (6, "", "aborted", 2)
+    assert (r.arrival_ns, r.ttft_ns, r.e2e_ns, r.itl_max_ns) == (0, -1, -1, -1)

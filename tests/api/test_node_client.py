@@ -2,8 +2,8 @@
 from npm) against a real daemon while a real engine emits steps.
 
 The engine makes ~1 us steps (the sub-microsecond spans that used to flood
-alerts) with a 5 ms stall every 3,000 steps, ~10k steps/s, until the suite
-ends. Skipped when node or the suite's npm modules are missing (the
+alerts) with a 5 ms stall every 3,000 steps, ~10k steps/s, and a request
+every 100 steps (arrived, 4 tokens of 2, finished), until the suite ends. Skipped when node or the suite's npm modules are missing (the
 bootstrap runs `npm ci` in tests/node when npm exists); with
 STALLSCOPE_REQUIRE_NODE=1 (set by .ci/run) that skip is a failure.
 """
@@ -34,6 +34,13 @@ while True:
     t0 = probe.begin()
     if i % 3000 == 2999:
         time.sleep(0.005)
+    k = i % 100  # a request every 100 steps: arrives, 4 tokens of 2, finishes
+    if k == 0:
+        probe.request(f"req-{i // 100}", "arrived")
+    elif k <= 4:
+        probe.request(f"req-{i // 100}", "token", tokens=2)
+    elif k == 5:
+        probe.request(f"req-{i // 100}", "finished")
     probe.end("step", t0, stage="tight", batch=1)
     i += 1
     if i % 100 == 0:

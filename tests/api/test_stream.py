@@ -289,3 +289,41 @@ def test_stall_alert_carries_gc_overlap(api_daemon, client):
     assert a.gc_generation == 2 and a.cause == "gc"
     assert a.duration_ns > 1.2 * a.baseline_ns and a.ratio > 1.2
     assert a.gc_overlap_ns <= a.duration_ns
+
+
+def test_request_finished_carries_the_requests_latency(api_daemon, client):
+    """Each request a client ends comes as one RequestFinished event with the
+    latency its own clock gave; a request still open sends none."""
+    check = _subscribed(client)
+    col = Collector(client.events(kinds=[pb.REQUEST_FINISHED]))
+    assert wait_for(check)
+    probe = probe_client.connect(socket_path=api_daemon.socket, run_label="requests", gc=False)
+    arrival, first, ends = {}, {}, {}
+    for r in range(20):
+        rid = f"req-{r}" if r % 2 else r
+        arrival[r] = time.monotonic_ns()
+        probe.request(rid, "arrived")
+        for _ in range(3 + r % 4):
+            time.sleep(0.001)
+            first.setdefault(r, time.monotonic_ns())
+            probe.request(rid, "token", tokens=2)
+        ends[r] = time.monotonic_ns()
+        probe.request(rid, "aborted" if r == 7 else "finished")
+    probe.request(99, "arrived")  # never ends
+    probe.close()
+    assert wait_for(lambda: len(col.of("request_finished")) >= 20)
+    time.sleep(0.3)
+    col.close()
+    got = col.of("request_finished")
+    assert len(got) == 20, [e.request_id for e in got]
+    by_key = {(e.text or e.request_id): e for e in got}
+    run_id = _run_id(client, "requests")
+    for r in range(20):
+        e = by_key[f"req-{r}" if r % 2 else r]
+        assert (e.run_id, e.pid) == (run_id, os.getpid())
+        assert e.end_event == ("aborted" if r == 7 else "finished")
+        assert e.output_tokens == 2 * (3 + r % 4)
+        # the events' times are the client's, taken inside the calls just after these
+        assert abs(e.ttft_ns - (first[r] - arrival[r])) < 2_000_000, (r, e)
+        assert abs(e.e2e_ns - (ends[r] - arrival[r])) < 2_000_000, (r, e)
+        assert e.itl_max_ns >= 1_000_000 and e.arrival_ns >= arrival[r]

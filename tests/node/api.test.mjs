@@ -231,6 +231,38 @@ test("StreamEvents: spans arrive numbered without gaps; alerts only above the mi
   assert.ok(alerts.length < tiny / 100, `${alerts.length} alerts for ${tiny} steps`);
 });
 
+test("StreamEvents: each finished request comes as RequestFinished with its latency", async () => {
+  const run = await runOf(runLabel);
+  const call = client.StreamEvents({ kinds: ["REQUEST_FINISHED"], run_ids: [run.run_id] });
+  const events = [];
+  await new Promise((ok, fail) => {
+    const timer = setTimeout(() => fail(new Error(`only ${events.length} events`)), 60_000);
+    call.on("data", (batch) => {
+      events.push(...batch.events);
+      if (events.length >= 5) {
+        clearTimeout(timer);
+        ok();
+      }
+    });
+    call.on("error", (err) => {
+      if (err.code !== grpc.status.CANCELLED) fail(err);
+    });
+  });
+  call.cancel();
+  assert.ok(events.every((e) => e.payload === "request_finished"));
+  for (const { request_finished: r } of events) {
+    assert.equal(r.run_id, run.run_id);
+    assert.match(r.text, /^req-\d+$/);
+    assert.equal(r.end_event, "finished");
+    assert.equal(r.output_tokens, "8"); // 4 token events of 2, as int64 strings
+    assert.ok(BigInt(r.request_id) > 0n); // uint64, exact as a string
+    // steps of ~1 us and a 10 ms sleep every 100: TTFT and e2e within a step run
+    assert.ok(BigInt(r.ttft_ns) > 0n && BigInt(r.e2e_ns) >= BigInt(r.ttft_ns), JSON.stringify(r));
+    assert.ok(BigInt(r.e2e_ns) < 1_000_000_000n, JSON.stringify(r));
+    assert.ok(BigInt(r.itl_max_ns) >= 0n, JSON.stringify(r));
+  }
+});
+
 test("StreamEvents: a reader that stops loses events, told in place with the range", async () => {
   const run = await runOf(runLabel);
   const call = client.StreamEvents({

@@ -27,6 +27,7 @@ OPTIONAL = {
     pb.GPU_SAMPLE: frozenset({"source"}),
     pb.STALL_ALERT: frozenset(),
     pb.HUNG: frozenset(),
+    pb.REQUEST_FINISHED: frozenset(),
 }
 
 
@@ -273,6 +274,18 @@ def hung(col, runs):
     return [pb.Event(hung=pb.Hung(**{k: v for k, v in r.items() if v is not None})) for r in rows]
 
 
+def request_finished(col, runs):
+    fields = [f.name for f in pb.RequestFinished.DESCRIPTOR.fields if f.name != "pid"]
+    present = [f for f in fields if f in col.batch.column_names]
+    for name in sorted(set(fields) - set(present)):
+        col(name)  # raises or reports: the feed's rows carry every field
+    rows = col.batch.select(present).to_pylist()
+    return [
+        pb.Event(request_finished=pb.RequestFinished(pid=_nz(runs.get(r["run_id"])), **r))
+        for r in rows
+    ]
+
+
 CONVERTERS = {
     pb.SPAN: spans,
     pb.GC_PASS: gc_passes,
@@ -282,6 +295,7 @@ CONVERTERS = {
     pb.GPU_SAMPLE: gpu_samples,
     pb.STALL_ALERT: stall_alerts,
     pb.HUNG: hung,
+    pb.REQUEST_FINISHED: request_finished,
 }
 
 

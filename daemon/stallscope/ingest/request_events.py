@@ -120,18 +120,6 @@ class RequestDecoder:
         rid = req["end_ns"]
         code = req["flags"]
         ts = req["start_ns"].astype(np.int64)
-        self.store.append(
-            "request_events",
-            {
-                "run_id": np.full(n, run_id, dtype=np.int64),
-                "request_id": pa.array(rid, type=pa.uint64()),
-                "event": EVENT_NAMES[code.astype(np.int64)],
-                "ts_ns": ts,
-                "tid": req["tid"].astype(np.int64),
-                "tokens": pa.array(tokens.astype(np.int64), mask=~has_tok, type=pa.int64()),
-                "seq": seq,
-            },
-        )
         # Per request of this decode: first and last time, events, output
         # tokens (of `token` events), and the end if one came.
         uniq, inv = np.unique(rid, return_inverse=True)
@@ -190,6 +178,20 @@ class RequestDecoder:
                     "output_tokens": np.array(new["tok"], dtype=np.int64),
                 },
             )
+        # after the new requests' rows: a store listener (the API's
+        # RequestFinished feed) then knows a str id's text when its events come
+        self.store.append(
+            "request_events",
+            {
+                "run_id": np.full(n, run_id, dtype=np.int64),
+                "request_id": pa.array(rid, type=pa.uint64()),
+                "event": EVENT_NAMES[code.astype(np.int64)],
+                "ts_ns": ts,
+                "tid": req["tid"].astype(np.int64),
+                "tokens": pa.array(tokens.astype(np.int64), mask=~has_tok, type=pa.int64()),
+                "seq": seq,
+            },
+        )
         if texts:
             self._note_texts(run_id, state, texts)
         if updates:

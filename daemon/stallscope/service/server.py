@@ -422,6 +422,7 @@ class Daemon:
 
         from stallscope.api.server import start_api_server
         from stallscope.errors import ApiConfigError
+        from stallscope.service.request_ends import RequestFinishedFeed
         from stallscope.store.alerts import StallDetector
         from stallscope.store.fanout import Fanout
 
@@ -440,6 +441,9 @@ class Daemon:
             self.fanout.close_all()
             raise
         self.store.add_listener(self.fanout.on_batch)
+        # RequestFinished events: each traced request's end, with its latency
+        self.request_feed = RequestFinishedFeed(self.fanout)
+        self.store.add_listener(self.request_feed.on_batch)
         if self.hangs is not None:  # Hung events: the watchdog's episodes, live
             self.hangs.listeners.append(self.hangs.to_fanout(self.fanout))
 
@@ -447,6 +451,9 @@ class Daemon:
         """Nothing more reaches the subscribers (the API's stop then closes
         their queues, after marking its streams as ending UNAVAILABLE)."""
         self.store.remove_listener(self.fanout.on_batch)
+        feed = getattr(self, "request_feed", None)
+        if feed is not None:
+            self.store.remove_listener(feed.on_batch)
         self.detector.stop()
 
     # ----- main loop -------------------------------------------------------------

@@ -18,6 +18,7 @@ class EventKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     GPU_SAMPLE: _ClassVar[EventKind]
     STALL_ALERT: _ClassVar[EventKind]
     HUNG: _ClassVar[EventKind]
+    REQUEST_FINISHED: _ClassVar[EventKind]
 
 class ResultFormat(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -32,6 +33,7 @@ MIGRATION: EventKind
 GPU_SAMPLE: EventKind
 STALL_ALERT: EventKind
 HUNG: EventKind
+REQUEST_FINISHED: EventKind
 ROWS: ResultFormat
 ARROW_IPC: ResultFormat
 
@@ -60,7 +62,7 @@ class EventBatch(_message.Message):
     def __init__(self, events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ..., sent_ns: _Optional[int] = ...) -> None: ...
 
 class Event(_message.Message):
-    __slots__ = ("seq", "span", "gc_pass", "off_cpu", "run_queue", "migration", "gpu_sample", "stall_alert", "dropped", "hung")
+    __slots__ = ("seq", "span", "gc_pass", "off_cpu", "run_queue", "migration", "gpu_sample", "stall_alert", "dropped", "hung", "request_finished")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     SPAN_FIELD_NUMBER: _ClassVar[int]
     GC_PASS_FIELD_NUMBER: _ClassVar[int]
@@ -71,6 +73,7 @@ class Event(_message.Message):
     STALL_ALERT_FIELD_NUMBER: _ClassVar[int]
     DROPPED_FIELD_NUMBER: _ClassVar[int]
     HUNG_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_FINISHED_FIELD_NUMBER: _ClassVar[int]
     seq: int
     span: Span
     gc_pass: GcPass
@@ -81,7 +84,8 @@ class Event(_message.Message):
     stall_alert: StallAlert
     dropped: Dropped
     hung: Hung
-    def __init__(self, seq: _Optional[int] = ..., span: _Optional[_Union[Span, _Mapping]] = ..., gc_pass: _Optional[_Union[GcPass, _Mapping]] = ..., off_cpu: _Optional[_Union[OffCpu, _Mapping]] = ..., run_queue: _Optional[_Union[RunQueueWait, _Mapping]] = ..., migration: _Optional[_Union[Migration, _Mapping]] = ..., gpu_sample: _Optional[_Union[GpuSample, _Mapping]] = ..., stall_alert: _Optional[_Union[StallAlert, _Mapping]] = ..., dropped: _Optional[_Union[Dropped, _Mapping]] = ..., hung: _Optional[_Union[Hung, _Mapping]] = ...) -> None: ...
+    request_finished: RequestFinished
+    def __init__(self, seq: _Optional[int] = ..., span: _Optional[_Union[Span, _Mapping]] = ..., gc_pass: _Optional[_Union[GcPass, _Mapping]] = ..., off_cpu: _Optional[_Union[OffCpu, _Mapping]] = ..., run_queue: _Optional[_Union[RunQueueWait, _Mapping]] = ..., migration: _Optional[_Union[Migration, _Mapping]] = ..., gpu_sample: _Optional[_Union[GpuSample, _Mapping]] = ..., stall_alert: _Optional[_Union[StallAlert, _Mapping]] = ..., dropped: _Optional[_Union[Dropped, _Mapping]] = ..., hung: _Optional[_Union[Hung, _Mapping]] = ..., request_finished: _Optional[_Union[RequestFinished, _Mapping]] = ...) -> None: ...
 
 class Span(_message.Message):
     __slots__ = ("run_id", "pid", "tid", "kind", "stage", "batch", "start_ns", "end_ns", "duration_ns", "depth", "seq")
@@ -280,6 +284,32 @@ class Hung(_message.Message):
     lacks: str
     reason: str
     def __init__(self, state: _Optional[str] = ..., run_id: _Optional[int] = ..., pid: _Optional[int] = ..., dump_id: _Optional[int] = ..., detected_ns: _Optional[int] = ..., threshold_ns: _Optional[int] = ..., last_step_end_ns: _Optional[int] = ..., recovered_ns: _Optional[int] = ..., threads: _Optional[int] = ..., lacks: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class RequestFinished(_message.Message):
+    __slots__ = ("run_id", "pid", "request_id", "text", "end_event", "end_ns", "arrival_ns", "ttft_ns", "e2e_ns", "output_tokens", "itl_max_ns")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    END_EVENT_FIELD_NUMBER: _ClassVar[int]
+    END_NS_FIELD_NUMBER: _ClassVar[int]
+    ARRIVAL_NS_FIELD_NUMBER: _ClassVar[int]
+    TTFT_NS_FIELD_NUMBER: _ClassVar[int]
+    E2E_NS_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ITL_MAX_NS_FIELD_NUMBER: _ClassVar[int]
+    run_id: int
+    pid: int
+    request_id: int
+    text: str
+    end_event: str
+    end_ns: int
+    arrival_ns: int
+    ttft_ns: int
+    e2e_ns: int
+    output_tokens: int
+    itl_max_ns: int
+    def __init__(self, run_id: _Optional[int] = ..., pid: _Optional[int] = ..., request_id: _Optional[int] = ..., text: _Optional[str] = ..., end_event: _Optional[str] = ..., end_ns: _Optional[int] = ..., arrival_ns: _Optional[int] = ..., ttft_ns: _Optional[int] = ..., e2e_ns: _Optional[int] = ..., output_tokens: _Optional[int] = ..., itl_max_ns: _Optional[int] = ...) -> None: ...
 
 class Dropped(_message.Message):
     __slots__ = ("count", "total", "reason", "from_ns", "to_ns", "kinds")
