@@ -12,8 +12,11 @@ records then) are stored as before, and request records inside them are
 unknown types, as a version-3 daemon saw them.
 """
 
+import fcntl
 import json
 import socket
+import struct
+import termios
 import time
 
 import pytest
@@ -55,9 +58,16 @@ def _text(rid, raw, length=None):
     )
 
 
-def _raw_client(daemon, version, token, datagrams):
+def _unread(sock):
+    """Bytes the peer has not read yet from this socket (SIOCOUTQ)."""
+    return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0" * 4))[0]
+
+
+def _raw_client(daemon, version, token, datagrams, pause_s=0):
     """A client of our own making: HELLO, then each list of records as one
-    RECORDS datagram with consecutive sequence numbers, then BYE."""
+    RECORDS datagram with consecutive sequence numbers, then BYE. With
+    pause_s, each datagram is sent once the daemon has read the one before
+    (the socket's send queue is empty) and pause_s after: each its own decode."""
     s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     s.connect(daemon.socket)
     s.send(_hdr(version, wire.DGRAM_HELLO) + json.dumps({"run_token": token}).encode())
@@ -65,6 +75,11 @@ def _raw_client(daemon, version, token, datagrams):
     for records in datagrams:
         s.send(_hdr(version, wire.DGRAM_RECORDS, len(records), seq) + b"".join(records))
         seq += sum(1 for r in records if r[0] != wire.REC_STRING)
+        if pause_s:
+            deadline = time.monotonic() + 30
+            while _unread(s) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            time.sleep(pause_s)
     s.send(_hdr(version, wire.DGRAM_BYE, 0, seq))
     s.recv(10)
     s.close()
@@ -182,3 +197,30 @@ def test_a_version_3_client_is_stored_as_before(daemon):
     ]
     assert daemon.query("SELECT batch FROM spans") == [(4,)]
     assert daemon.scalar("SELECT count(*) FROM request_events") == 0
+
+
+def test_open_requests_silent_past_the_timeout_are_evicted_and_counted(tmp_path):
+    d = DaemonProcess(tmp_path, extra_args=["--requests-open-timeout-s", "1"]).start()
+    s = 1_000_000_000
+    t = time.monotonic_ns()
+    _raw_client(
+        d,
+        4,
+        2,
+        [
+            [_req(E["arrived"], 10, t), _req(E["token"], 10, t + 1, tokens=1),
+             _req(E["arrived"], 11, t + 2)],
+            # 2 s later on the client's clock: 10 and 11 have been silent > 1 s
+            [_req(E["arrived"], 12, t + 2 * s), _req(E["token"], 12, t + 2 * s + 1, tokens=1)],
+            [_req(E["token"], 10, t + 2 * s + 2, tokens=1),  # after its eviction
+             _req(E["finished"], 12, t + 2 * s + 3)],
+        ],
+        pause_s=0.2,
+    )  # fmt: skip
+    assert d.stop()[0] == 0, d.read_log()
+    errors = dict(d.query("SELECT reason, sum(count) FROM ingest_errors GROUP BY ALL"))
+    assert errors == {"request_open_timeout": 2, "request_after_eviction": 1}, errors
+    assert d.query(
+        "SELECT request_id, end_event, events, output_tokens FROM requests ORDER BY 1"
+    ) == [(10, "evicted", 2, 1), (11, "evicted", 1, 0), (12, "finished", 3, 1)]
+    assert d.scalar("SELECT count(*) FROM request_events") == 6

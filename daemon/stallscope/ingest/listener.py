@@ -135,6 +135,7 @@ class Ingest(RunRegistry, RecordDecoder, RequestDecoder, CensusIngest, PyStateIn
         on_pythreads=None,
         proc_root="/proc",
         run_defaults=None,
+        request_open_timeout_s=600.0,
     ):
         self.store = store
         # runs columns the daemon fills for every new run (how its probes
@@ -204,7 +205,7 @@ class Ingest(RunRegistry, RecordDecoder, RequestDecoder, CensusIngest, PyStateIn
         os.set_blocking(self._wake_w, False)
         self.selector.register(self._wake_r, selectors.EVENT_READ, _WAKE)
         store.add_flush_hook(self.progress_statements)
-        self._init_requests(store)
+        self._init_requests(store, request_open_timeout_s)
 
     # ----- set-up ------------------------------------------------------------
     def _max_run_id(self):

@@ -8,7 +8,10 @@ code (`request_unknown_event`), a negative token count
 (`request_negative_tokens`), an event of a request after its `finished` or
 `aborted` (`request_after_finished`), a str id's text whose hash is not the
 request id (`request_id_hash_mismatch`: the text is dropped, the events
-kept) and text parts that do not make one id (`bad_request_text`). Every
+kept) and text parts that do not make one id (`bad_request_text`). An open
+request silent for `requests.open_timeout_s` of its run's client time is
+evicted (`request_open_timeout`; its row ends 'evicted'; a later event of it
+is `request_after_eviction`), so open requests are bounded in time. Every
 good event is a `request_events` row. A request seen for the first time is
 a `requests` row appended with its first decode; later decodes change its
 row (last event, end, counts, text) through one UPDATE per flush
@@ -44,22 +47,31 @@ _TOKEN = wire.REQUEST_EVENT_CODES["token"]
 # Ended requests remembered per run, to count events that come after the
 # end; the oldest are forgotten first.
 DONE_MAX = 65536
+# An open request with no event for requests.open_timeout_s (client time:
+# the run's newest event) is evicted: its row's end_event says 'evicted',
+# `request_open_timeout` counts it, and a later event of it is
+# `request_after_eviction`. Looked for at most once a second of client time.
+DEFAULT_OPEN_TIMEOUT_S = 600.0
+EVICTED = "evicted"
+EVICT_EVERY_NS = 1_000_000_000
 
 
 class _RunRequests:
     """One run's requests as the decoder knows them."""
 
-    __slots__ = ("open", "done")
+    __slots__ = ("open", "done", "evict_at")
 
     def __init__(self):
         self.open = {}  # request_id -> [last_ns, events, output_tokens, has_text]
-        self.done = {}  # request_id -> None, in the order they ended
+        self.done = {}  # request_id -> None (ended) or EVICTED, in the order they ended
+        self.evict_at = None  # client time of the next look for stale open requests
 
 
 class RequestDecoder:
     """The request half of `Ingest` (a mixin: state lives on the Ingest)."""
 
-    def _init_requests(self, store):
+    def _init_requests(self, store, open_timeout_s=DEFAULT_OPEN_TIMEOUT_S):
+        self._req_open_timeout_ns = int(open_timeout_s * 1e9)
         self._req_runs = {}  # run_id -> _RunRequests
         self._req_updates = {}  # (run_id, request_id) -> (last_ns, end, events, tokens, text)
         self._req_lock = threading.Lock()
@@ -101,16 +113,23 @@ class RequestDecoder:
             first_end = np.full(len(uniq), len(at), dtype=np.int64)
             np.minimum.at(first_end, inv[ends], np.flatnonzero(ends))
             done = state.done
-            ended = np.fromiter((u in done for u in uniq.tolist()), dtype=bool, count=len(uniq))
+            gone = [done.get(u, 0) for u in uniq.tolist()]  # 0: open, None: ended
+            ended = np.fromiter((g is None for g in gone), dtype=bool, count=len(uniq))
+            evicted = np.fromiter((g == EVICTED for g in gone), dtype=bool, count=len(uniq))
             late = ended[inv] | (np.arange(len(at)) > first_end[inv])
+            late &= ~evicted[inv]
             if late.any():
                 self._reject(run_id, pid, "request_after_finished", int(late.sum()))
                 ok[at[late]] = False
+            if evicted.any():
+                self._reject(run_id, pid, "request_after_eviction", int(evicted[inv].sum()))
+                ok[at[evicted[inv]]] = False
         keep = np.flatnonzero(ok)
         if len(keep):
             self._store_requests(
                 run_id, state, texts, req[keep], seq[is_req][keep], has_tok[keep], tokens[keep]
             )
+            self._evict_stale(run_id, pid, state, int(req["start_ns"][keep].max()))
         elif texts:
             self._note_texts(run_id, state, texts)
         return len(keep) + text_records
@@ -218,10 +237,30 @@ class RequestDecoder:
                     else (*prev[:4], text)
                 )
 
+    def _evict_stale(self, run_id, pid, state, now_ns):
+        """Open requests of the run silent for open_timeout_s of its client
+        time (`now_ns`: its newest event): evicted, their row's end_event
+        'evicted' at the next flush, counted."""
+        if now_ns < (state.evict_at or now_ns) or not state.open:
+            return
+        state.evict_at = now_ns + EVICT_EVERY_NS
+        cut = now_ns - self._req_open_timeout_ns
+        stale = [k for k, known in state.open.items() if known[0] < cut]
+        if not stale:
+            return
+        with self._req_lock:
+            for key in stale:
+                last_ns, events, tokens, _ = state.open.pop(key)
+                prev = self._req_updates.get((run_id, key))
+                text = prev[4] if prev is not None else None
+                self._req_updates[(run_id, key)] = (last_ns, EVICTED, events, tokens, text)
+                self._remember_done(state, key, EVICTED)
+        self._reject(run_id, pid, "request_open_timeout", len(stale))
+
     @staticmethod
-    def _remember_done(state, key):
+    def _remember_done(state, key, how=None):
         done = state.done
-        done[key] = None
+        done[key] = how
         if len(done) > DONE_MAX:
             del done[next(iter(done))]
 

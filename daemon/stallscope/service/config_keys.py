@@ -371,6 +371,20 @@ _HANG_KEYS = [
     ),
 ]
 
+_REQUEST_KEYS = [
+    Key(
+        "requests",
+        "open_timeout_s",
+        "float",
+        600.0,
+        "STALLSCOPE_REQUESTS_OPEN_TIMEOUT_S",
+        "requests_open_timeout_s",
+        minimum=1,
+        doc="an open request with no event for this long (its run's client time) is evicted: "
+        "its row ends 'evicted', counted in ingest_errors as request_open_timeout",
+    ),
+]
+
 # In the order the shipped stallscope.toml lists them.
 KEYS = (
     _DAEMON_AND_BACKEND_KEYS
@@ -378,6 +392,7 @@ KEYS = (
     + _RETENTION_AND_API_KEYS
     + _METRICS_KEYS
     + _HANG_KEYS
+    + _REQUEST_KEYS
     + _EXPORT_KEYS
 )
 BY_DOTTED = {k.dotted: k for k in KEYS}

@@ -217,6 +217,7 @@ class Daemon:
                 on_pythreads=self._pythreads,
                 proc_root=self.settings.proc_root,
                 run_defaults=self._run_defaults(),
+                request_open_timeout_s=(config or {}).get("requests.open_timeout_s", 600.0),
             )
         except BaseException:
             # e.g. the socket is in use by another daemon: release the probes
