@@ -18,6 +18,11 @@ writes Perfetto's protobuf trace format (the TracePacket protos that the
 - child tracks of each thread: `gc` (passes: generation, collected),
   `off-cpu` (preempted/blocked, with preemptor or waker), `runqueue`
   (waits for a CPU) and `migrations` (instants, from and to CPU);
+- a `requests (run N)` track per run with a child track per request (at
+  most MAX_REQUEST_TRACKS, the longest inter-token gap first): a slice from
+  its first to its last event (args ttft_ns, itl_max_ns, worst_cause), an
+  instant per event, and a flow from each token event to the step slice
+  that held it;
 - counter tracks per GPU: SM and memory clocks (MHz), power (mW);
 - everything on CLOCK_MONOTONIC (every packet says so) with a clock
   snapshot that ties it to CLOCK_REALTIME from the first run's anchor.
@@ -39,6 +44,7 @@ except ImportError:  # pragma: no cover - the daemon extra installs it
 MONOTONIC = 3  # BuiltinClock.BUILTIN_CLOCK_MONOTONIC
 REALTIME = 1  # BuiltinClock.BUILTIN_CLOCK_REALTIME
 SEQUENCE_ID = 1
+MAX_REQUEST_TRACKS = 256  # per run: the requests with the longest inter-token gap
 GPU_COUNTERS = (
     ("sm_clock_mhz", "SM clock", "MHz"),
     ("mem_clock_mhz", "memory clock", "MHz"),
@@ -57,6 +63,7 @@ class _Writer:
         self.builder = StreamingTraceProtoBuilder(f)
         self._uuids = itertools.count(1)
         self.thread_tracks = {}  # (run_id, tid) -> track uuid
+        self.flow_ids = itertools.count(1)  # request token -> step flows
         self.packets = 0
         self.first = True
 
@@ -80,7 +87,8 @@ class _Writer:
         self.write(p)
         return uuid
 
-    def event(self, track, ts_ns, kind, name=None, args=(), counter=None, callstack=None):
+    def event(self, track, ts_ns, kind, name=None, args=(), counter=None, callstack=None,
+              flows=()):  # fmt: skip
         p = self.packet()
         p.timestamp = int(ts_ns)
         p.timestamp_clock_id = MONOTONIC
@@ -91,6 +99,7 @@ class _Writer:
             ev.name = name
         if counter is not None:
             ev.counter_value = int(counter)
+        ev.flow_ids.extend(flows)
         for function, source_file, line in callstack or ():
             fr = ev.callstack.frames.add()
             fr.function_name = function
@@ -125,7 +134,7 @@ def _emit_nested(w, track_of_lane, items):
     every begin has its end on the same track, in time order."""
     lanes = []  # per lane: stack of open ends
     items = sorted(items, key=lambda it: (it[0], -it[1]))
-    for start, end, name, args in items:
+    for start, end, name, args, *flows in items:
         lane = None
         for i, stack in enumerate(lanes):
             while stack and stack[-1] <= start:
@@ -136,7 +145,8 @@ def _emit_nested(w, track_of_lane, items):
         if lane is None:
             lanes.append([])
             lane = len(lanes) - 1
-        w.event(track_of_lane(lane), start, pt.TrackEvent.TYPE_SLICE_BEGIN, name, args)
+        w.event(track_of_lane(lane), start, pt.TrackEvent.TYPE_SLICE_BEGIN, name, args,
+                flows=flows[0] if flows else ())  # fmt: skip
         lanes[lane].append(end)
     for i, stack in enumerate(lanes):
         while stack:
@@ -173,6 +183,7 @@ def write_trace(source, path, run_ids=None, from_ns=None, to_ns=None):
         ("runs", "threads", "spans", "gc", "offcpu", "runq", "migrations", "cpu_samples"), 0
     )
     counts["counters"] = 0
+    counts.update(requests=0, request_events=0, request_flows=0)
     with open(path, "wb") as f:
         w = _Writer(f)
         anchor = next((r for r in runs if r["realtime_ns"] and r["started_ns"]), None)
@@ -254,12 +265,13 @@ def _write_run(source, w, run, lo, hi, counts):
             window,
         )
         stacks = _callstacks(source, window)
+    step_flows = _write_requests(source, w, run, lo, hi, counts)
     tids = sorted(
         {r["tid"] for r in span_rows + gc_rows}
         | {r["tid"] for rows in kernel.values() for r in rows}
     )
     for tid in tids:
-        _write_thread(w, run, tid, span_rows, gc_rows, kernel, counts)
+        _write_thread(w, run, tid, span_rows, gc_rows, kernel, counts, step_flows)
         _write_samples(w, w.thread_tracks[(run["run_id"], tid)], tid, kernel, stacks, counts)
 
 
@@ -304,7 +316,72 @@ def _write_samples(w, track, tid, kernel, stacks, counts):
     counts["cpu_samples"] += n
 
 
-def _write_thread(w, run, tid, span_rows, gc_rows, kernel, counts):
+def _write_requests(source, w, run, lo, hi, counts):
+    """A track per request (at most MAX_REQUEST_TRACKS a run: those with the
+    longest inter-token gap first) under a `requests` track of the run's
+    process: a slice from its first to its last event, an instant per event,
+    and a flow from each token event to the step that held it. Returns
+    {(tid, step start): [flow ids]} for those steps' slices."""
+    run_id = run["run_id"]
+    chosen = _rows(
+        source,
+        "SELECT l.request_id, coalesce(l.text, l.request_id::VARCHAR) AS name, l.ttft_ns, "
+        "l.itl_max_ns, l.worst_cause, l.end_event FROM request_latency l "
+        "JOIN requests r USING (run_id, request_id) "
+        "WHERE l.run_id = ? AND r.last_ns >= ? AND r.first_ns <= ? "
+        "ORDER BY l.itl_max_ns DESC NULLS LAST, l.request_id LIMIT ?",
+        [run_id, lo, hi, MAX_REQUEST_TRACKS],
+    )
+    if not chosen:
+        return {}
+    events = _rows(
+        source,
+        "SELECT request_id, event, ts_ns, tokens, tid, step_start_ns FROM request_steps "
+        "WHERE run_id = ? AND ts_ns >= ? AND ts_ns <= ? "
+        "AND request_id IN (SELECT unnest(?::VARCHAR[])::UBIGINT) ORDER BY ts_ns, seq",
+        [run_id, lo, hi, [str(c["request_id"]) for c in chosen]],
+    )
+    pid = run["pid"] if run["pid"] is not None else -run_id
+
+    def parent(t):
+        t.name = f"requests (run {run_id})"
+        t.process.pid = pid
+
+    root = w.track(parent)
+    by_request = {}
+    for e in events:
+        by_request.setdefault(e["request_id"], []).append(e)
+    step_flows = {}
+    for c in chosen:
+        evs = by_request.get(c["request_id"], [])
+        if not evs:
+            continue
+
+        def fill(t, name=c["name"]):
+            t.parent_uuid = root
+            t.name = f"request {name}"
+
+        track = w.track(fill)
+        args = [("ttft_ns", c["ttft_ns"]), ("itl_max_ns", c["itl_max_ns"]),
+                ("worst_cause", c["worst_cause"]), ("end_event", c["end_event"])]  # fmt: skip
+        w.event(
+            track, evs[0]["ts_ns"], pt.TrackEvent.TYPE_SLICE_BEGIN, f"request {c['name']}", args
+        )
+        for e in evs:
+            flows = ()
+            if e["event"] == "token" and e["step_start_ns"] is not None:
+                flows = (next(w.flow_ids),)
+                step_flows.setdefault((e["tid"], e["step_start_ns"]), []).extend(flows)
+            w.event(track, e["ts_ns"], pt.TrackEvent.TYPE_INSTANT, e["event"],
+                    [("tokens", e["tokens"])], flows=flows)  # fmt: skip
+            counts["request_events"] += 1
+            counts["request_flows"] += len(flows)
+        w.event(track, evs[-1]["ts_ns"], pt.TrackEvent.TYPE_SLICE_END)
+        counts["requests"] += 1
+    return step_flows
+
+
+def _write_thread(w, run, tid, span_rows, gc_rows, kernel, counts, step_flows=None):
     pid = run["pid"] if run["pid"] is not None else -run["run_id"]
 
     def thread(t):
@@ -341,7 +418,8 @@ def _write_thread(w, run, tid, span_rows, gc_rows, kernel, counts):
                     args += [("code_frame", r["code_frame"]), ("code_ns", r["code_ns"])]
                 if r["cpu_slow_evidence"]:
                     args += [("cpu_slow_evidence", r["cpu_slow_evidence"])]
-        spans.append((r["start_ns"], r["end_ns"], name, args))
+        flows = (step_flows or {}).get((tid, r["start_ns"]), ()) if r["kind"] == "step" else ()
+        spans.append((r["start_ns"], r["end_ns"], name, args, flows))
     counts["spans"] += len(spans)
     _emit_nested(w, lambda lane: thread_uuid if lane == 0 else child(f"spans {lane}"), spans)
 
