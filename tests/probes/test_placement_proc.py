@@ -13,6 +13,7 @@ import numpy as np
 from helpers.sched import CollectSink
 from helpers.schema_db import fresh_db
 from stallscope.analysis.compare import compare_runs
+from stallscope.analysis.compare_arms import compare_arms
 from stallscope.analysis.compare_placement import placement_differences
 from stallscope.analysis.report import build_report
 from stallscope.probes.base import ProbeSettings
@@ -227,6 +228,10 @@ def test_compare_names_each_placement_difference(tmp_path):
     verdicts = text.split("== Per-step time: placement or code ==")[1]
     line = next(ln for ln in verdicts.splitlines() if ln.startswith("decode"))
     assert "1.05" in line and "no CPU profile of both runs" in line  # 5 %, outside the interval
+    arms = compare_arms(con, [[1], [2]]).split("== Placement per run ==")[1].splitlines()
+    (a,) = [ln for ln in arms if ln.split()[:2] == ["A", "1"]]
+    (b,) = [ln for ln in arms if ln.split()[:2] == ["B", "2"]]
+    assert "cpu0 100%" in a and "60.0" in a and "cpu2 100%" in b and "random" in b
     report = build_report(con).split("== Generation-2")[0]  # the run table and its placement
     (row,) = [ln for ln in report.splitlines() if "cpu0 100%" in ln]
     assert row.split()[:3] == ["1", "cpu0", "100%"] and "60.0" in row and "3000" in row

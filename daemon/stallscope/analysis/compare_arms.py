@@ -11,8 +11,9 @@ non-prefill steps > 100 ms per run, steps > 100 ms that overlap no GC pass
 per run, and the p99 step time per stage. Per-run figures get a bootstrap
 interval over the arm's runs when it has at least `MIN_RUNS_FOR_INTERVAL`
 runs, and a plain statement that they are too few otherwise; p99s get a
-bootstrap interval over the arm's steps. Resampling is seeded, so the same
-database gives the same text. It only reads the database.
+bootstrap interval over the arm's steps; last, each run's placement (run_placement)
+beside its median step. Resampling is seeded, so the same database gives
+the same text. It only reads the database.
 """
 
 import numpy as np
@@ -176,4 +177,28 @@ def compare_arms(con, arms):
             f"B's median gen-2 pause is {ratio:.3f} x A's; B has {b_n:g} gen-2 passes per run "
             f"against A's {a_n:g}.\n"
         )
+    out.append(_placement_per_run(con, names, resolved))
     return "\n".join(out)
+
+
+def _placement_per_run(con, names, resolved):
+    """Each arm's runs with where they ran (run_placement) and their median
+    step: the run that stands out, and what it shared its CPU with."""
+    rows = []
+    for name, ids in zip(names, resolved, strict=True):
+        for run_id in ids:
+            p = con.execute(
+                "SELECT cpu_time, sibling_busy_pct, cpu_node, mem_node, numa_remote, clock_mhz, "
+                "hash_seed FROM run_placement WHERE run_id = ?",
+                [run_id],
+            ).fetchone()
+            (median_ms,) = con.execute(
+                "SELECT round(median(duration_ns) / 1e6, 3) FROM _step WHERE run_id = ? AND NOT idle",
+                [run_id],
+            ).fetchone()
+            rows.append((name, run_id, median_ms, *(p or ("(not covered)",) + (None,) * 6)))
+    return "== Placement per run ==\n" + format_table(
+        ["arm", "run", "median step ms", "CPU time", "SMT sibling busy %", "CPU node",
+         "memory node", "remote", "clock MHz", "hash seed"],
+        rows,
+    )  # fmt: skip
