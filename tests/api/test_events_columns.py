@@ -142,7 +142,7 @@ def _request_finished():
     """The batch the request feed hands the fanout when requests end: request
     5 arrives at 1 ms, tokens at 3, 4 and 9 ms (2 each), finishes at 10 ms;
     request 6's arrival was never seen, it is aborted."""
-    from stallscope.service.request_ends import RequestFinishedFeed
+    from stallscope.store.request_ends import RequestFinishedFeed
 
     got = []
 

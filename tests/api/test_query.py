@@ -264,7 +264,9 @@ def test_status_and_runs(qd):
     assert st.daemon_pid == qd.proc.pid
     assert st.records_received >= N_STEPS and st.rows_written >= N_STEPS
     off = ("sched", "gpu", "page_faults", "irq", "steal", "syscalls", "cpu", "cuda")  # all off
-    assert {p.probe: p.state for p in st.probes} == dict.fromkeys(off, "unavailable")
+    # but the placement probe (/proc and /sys reads only: on by default everywhere)
+    expect = dict.fromkeys(off, "unavailable") | {"placement": "active"}
+    assert {p.probe: p.state for p in st.probes} == expect
     assert all(p.detail for p in st.probes)
     runs = qd.client.runs()
     assert [(r.label, r.pid, r.records, r.live) for r in runs] == [

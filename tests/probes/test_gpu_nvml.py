@@ -249,7 +249,11 @@ def test_daemon_selects_and_runs_the_probe(fake, tmp_path):
         str(tmp_path / "d.duckdb"),
         sched_backend="none",
         settings=ProbeSettings(
-            gpu_poll_hz=40, kernel_causes=False, cpu_sampler=False, cuda_driver=False
+            gpu_poll_hz=40,
+            kernel_causes=False,
+            cpu_sampler=False,
+            cuda_driver=False,
+            placement=False,
         ),
     )
     try:

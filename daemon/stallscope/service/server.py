@@ -423,9 +423,9 @@ class Daemon:
 
         from stallscope.api.server import start_api_server
         from stallscope.errors import ApiConfigError
-        from stallscope.service.request_ends import RequestFinishedFeed
         from stallscope.store.alerts import StallDetector
         from stallscope.store.fanout import Fanout
+        from stallscope.store.request_ends import RequestFinishedFeed
 
         if self.api_socket and not prepare_path(self.api_socket, socket.SOCK_STREAM):
             raise ApiConfigError(f"another process serves the API on {self.api_socket}")

@@ -19,7 +19,7 @@ REQUEST_FINISHED = 9  # a traced request ended, with its latency (not a stored t
 # Store table -> event kind. Tables not listed here are not streamed.
 # `hang_events` is no table: the hang watchdog hands its batches to the
 # fanout itself (the stored rows are hang_dumps); nor is `request_finished`
-# (service/request_ends.py makes it from request_events batches).
+# (store/request_ends.py makes it from request_events batches).
 TABLE_KINDS = {
     "spans": SPAN,
     "gc_events": GC_PASS,
