@@ -7,7 +7,7 @@ both; `compare` must give both runs' placement (main CPU the pinned one, all
 of their time there, the fields this host cannot give NULL with the reasons)
 and, for their shared stage and batch, the ratio of median steps with its
 interval and a verdict that agrees with the interval: `within noise` when it
-holds 1, else uniform, localized or off CPU with the evidence. Whether the
+holds 1, else uniform, localized, off CPU or unseen with the evidence. Whether the
 hog's cold caches show above this shared VM's noise is measured, not
 assumed: the figures go to the failure message and BENCHMARKS.md.
 """
@@ -89,5 +89,5 @@ def test_compare_says_where_and_whether_it_is_placement(tmp_path):
     if lo <= 1.0 <= hi:
         assert verdict.startswith("within noise"), line
     else:
-        assert verdict.split(":")[0] in ("uniform", "localized", "off CPU"), line
+        assert verdict.split(":")[0] in ("uniform", "localized", "off CPU", "unseen"), line
     print(f"placement e2e: B/A {ratio} [{lo}, {hi}]: {verdict}")

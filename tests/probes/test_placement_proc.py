@@ -14,7 +14,11 @@ from helpers.sched import CollectSink
 from helpers.schema_db import fresh_db
 from stallscope.analysis.compare import compare_runs
 from stallscope.analysis.compare_arms import compare_arms
-from stallscope.analysis.compare_placement import placement_differences
+from stallscope.analysis.compare_placement import (
+    localized_frame,
+    placement_differences,
+    verdict_for,
+)
 from stallscope.analysis.report import build_report
 from stallscope.probes.base import ProbeSettings
 from stallscope.probes.placement_proc import (
@@ -284,3 +288,29 @@ def test_real_proc_follows_a_busy_thread():
         place["hash_seed"][0] == os.environ.get("PYTHONHASHSEED", "random")
         or place["hash_seed"][0] == "random"
     )
+
+
+def test_verdicts_tell_code_from_placement_and_host_time():
+    ms = 1_000_000
+    # the slower run spends 4 ms more per step: 3.5 of it on CPU, in no frame
+    assert verdict_for(4 * ms, 3.5 * ms, 0, None, None, "B").startswith("uniform: B's +3.500 ms")
+    v = verdict_for(4 * ms, 3.5 * ms, 0, "walk (engine.py:3)", 3 * ms, "B")
+    assert v.startswith("localized: walk (engine.py:3) holds 3.000 ms")
+    # 1 ms on CPU, 2.5 ms seen off CPU (preempted, blocked, ...): the causes say which
+    assert verdict_for(4 * ms, 1 * ms, 2.5 * ms, None, None, "A").startswith("off CPU: of A's")
+    # 1 ms on CPU and nothing seen off CPU: host time the guest cannot see
+    assert verdict_for(4 * ms, 1 * ms, 0.2 * ms, None, None, "A").startswith("unseen: of A's")
+
+
+def test_a_frame_holding_the_excess_is_found_and_a_spread_one_is_not():
+    # fast run: 1,000 samples over 100 steps, 80 % in work, 20 % in schedule
+    fast = ({1: (1000, 0, "main"), 2: (800, 1, "work"), 3: (200, 1, "schedule")}, 1000, 100)
+    # slower run, localized: 400 more samples, all in schedule
+    slow = ({1: (1400, 0, "main"), 2: (800, 1, "work"), 3: (600, 1, "schedule")}, 1400, 100,
+            1_000_000)  # fmt: skip
+    frame, local, excess = localized_frame(fast, slow, 4.265)
+    assert frame == "schedule" and excess == 4_000_000 and local > 0.5 * excess
+    # slower run, uniform: every frame 40 % more
+    slow = ({1: (1400, 0, "main"), 2: (1120, 1, "work"), 3: (280, 1, "schedule")}, 1400, 100,
+            1_000_000)  # fmt: skip
+    assert localized_frame(fast, slow, 4.265)[0] is None

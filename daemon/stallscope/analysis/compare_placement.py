@@ -5,7 +5,8 @@ says where each run ran (the `run_placement` view: main CPU, SMT sibling
 busy share, NUMA, clock, hash seed, affinity, cgroup limit) and, per
 (stage, batch) both runs have, the ratio of median step times with a 95 %
 bootstrap interval and a verdict: within noise (the interval holds 1), off
-CPU (the extra time is not on-CPU time), localized (one frame of the CPU
+CPU (the extra time is not on-CPU time but the kernel saw it off CPU),
+unseen (neither on nor off CPU as the guest saw it: host time), localized (one frame of the CPU
 profile holds at least half the on-CPU excess beyond its share in the
 faster run, by the `code` cause's binomial test) or uniform (every frame
 kept its share: the same work ran slower, which is what a placement
@@ -104,16 +105,21 @@ def median_ratio(da, db, seed=0):
 
 
 def _profile(con, run, stage, batch):
-    """({node: (samples, level, frame label)}, total samples, steps, period ns) of
-    the run's non-idle steps of the shape; None without CPU samples."""
-    steps, total, period = con.execute(
-        """SELECT count(*), sum(cpu_samples), any_value(cpu_sample_period_ns)
+    """({node: (samples, level, frame label)}, total samples, steps, period ns,
+    median on-CPU ns, median off-CPU ns the kernel saw) of the run's non-idle
+    steps of the shape; None without CPU samples."""
+    steps, total, period, med_samples, med_off = con.execute(
+        """SELECT count(*), sum(cpu_samples), any_value(cpu_sample_period_ns), median(cpu_samples),
+                  median(gc_ns + coalesce(preempted_ns, 0) + coalesce(runq_ns, 0)
+                         + coalesce(blocked_ns, 0) + coalesce(lock_ns, 0) + coalesce(peer_ns, 0)
+                         + coalesce(throttled_ns, 0))
            FROM step_attribution WHERE run_id = ? AND stage IS NOT DISTINCT FROM ? AND batch = ?
              AND NOT idle AND cpu_samples IS NOT NULL""",
         [run, stage, batch],
     ).fetchone()
     if not steps or not total:
         return None
+    period = period or 1_000_000
     nodes = con.execute(
         """
         WITH n AS (
@@ -129,15 +135,16 @@ def _profile(con, run, stage, batch):
         LEFT JOIN cpu_frames f2 ON f2.frame_id = n.py_frame_id""",
         [run, stage, batch],
     ).fetchall()
-    return {r[0]: (r[1], r[2], r[3]) for r in nodes}, total, steps, period or 1_000_000
+    nodes = {r[0]: (r[1], r[2], r[3]) for r in nodes}
+    return nodes, total, steps, period, med_samples * period, med_off or 0
 
 
 def localized_frame(fast, slow, z_min):
     """(frame, localized ns per step, on-CPU excess ns per step) of the deepest
     node of the slower run's profile holding at least half its on-CPU excess
     beyond its share in the faster one (z >= z_min); frame None: none does."""
-    fn, fa, fsteps, _ = fast
-    sn, sa, ssteps, period = slow
+    fn, fa, fsteps = fast[:3]
+    sn, sa, ssteps, period = slow[:4]
     excess = (sa / ssteps - fa / fsteps) * period
     best = None
     for node, (b, level, label) in sn.items():
@@ -149,6 +156,24 @@ def localized_frame(fast, slow, z_min):
             if best is None or level > best[0]:
                 best = (level, label, local)
     return (best[1], best[2], excess) if best else (None, None, excess)
+
+
+def verdict_for(wall, on_cpu, seen_off, frame, local, who):
+    """The verdict of a difference outside noise: `wall` the median step
+    difference, `on_cpu` that of the median on-CPU time, `seen_off` that of
+    the median off-CPU time the kernel saw (ns); `frame`, `local` from
+    localized_frame; `who` the slower run."""
+    if on_cpu < 0.5 * wall:
+        split = (f"of {who}'s +{wall / 1e6:.3f} ms per step, {max(on_cpu, 0) / 1e6:.3f} ms is "
+                 f"on-CPU time, {max(seen_off, 0) / 1e6:.3f} ms off CPU as the kernel saw it")  # fmt: skip
+        if seen_off >= 0.5 * (wall - max(on_cpu, 0)):
+            return f"off CPU: {split} (the runs' causes say which)"
+        return f"unseen: {split}; the rest is time neither saw (a host's steal, a vCPU descheduled)"
+    if frame is not None:
+        return (f"localized: {frame} holds {local / 1e6:.3f} ms per step beyond its share "
+                f"({who}'s on-CPU time +{on_cpu / 1e6:.3f} ms per step)")  # fmt: skip
+    return (f"uniform: {who}'s +{on_cpu / 1e6:.3f} ms of on-CPU time per step is spread over "
+            "its frames as the other run spends its time (the same work ran slower: placement)")  # fmt: skip
 
 
 def shape_verdicts(con, a, b):
@@ -178,16 +203,8 @@ def shape_verdicts(con, a, b):
                 fast, slow = (pa, pb) if ratio > 1 else (pb, pa)
                 frame, local, excess = localized_frame(fast, slow, z_min)
                 who = "B" if ratio > 1 else "A"
-                if excess < 0.5 * wall:
-                    verdict = (f"off CPU: of {who}'s +{wall / 1e6:.3f} ms per step, "
-                               f"{max(excess, 0) / 1e6:.3f} ms is on-CPU time")  # fmt: skip
-                elif frame is not None:
-                    verdict = (f"localized: {frame} holds {local / 1e6:.3f} ms of {who}'s "
-                               f"+{excess / 1e6:.3f} ms on-CPU excess per step")  # fmt: skip
-                else:
-                    verdict = (f"uniform: {who}'s +{excess / 1e6:.3f} ms on-CPU excess per step "
-                               "is spread over its frames as the other run spends its time "
-                               "(the same work ran slower: placement)")  # fmt: skip
+                # medians against the median difference: one statistic throughout
+                verdict = verdict_for(wall, slow[4] - fast[4], slow[5] - fast[5], frame, local, who)
         out.append((stage, batch, len(da), len(db), round(ratio, 4),
                     f"{lo:.4f}-{hi:.4f}", round(wall / 1e6, 3), verdict))  # fmt: skip
     return out
