@@ -90,7 +90,7 @@ def attributed(tmp_path_factory):
         "SELECT detail FROM probe_status WHERE probe = 'page_faults' AND state = 'active'"
     )
     method = daemon.query("SELECT DISTINCT page_fault_method FROM runs")
-    assert method == [("oncpu_to_next_fault",)], method
+    assert method == [("oncpu_to_mapping",)], method
     calibrated = re.search(r"(\d+) ns per fault", detail)
     calibrated_ns = int(calibrated.group(1)) if calibrated else None
     return injected, {r[0]: r for r in cur_rows}, summarised, calibrated_ns

@@ -50,9 +50,10 @@ class Burst:
     """One burst of `kind` over `size` bytes (a multiple of 2 MiB for huge);
     `file` needs `path`, a cached file of at least `size` bytes."""
 
-    def __init__(self, kind, size, path=None):
+    def __init__(self, kind, size, path=None, fill=False):
         self.kind = kind
         self.size = size
+        self.fill = fill  # write every byte of each page (memset), not one byte per page
         self._fd = None
         if kind == "file":
             self._fd = os.open(path, os.O_RDONLY)
@@ -82,6 +83,15 @@ class Burst:
         self.faults = self.preempted = None
 
     def _touch(self):
+        if self.fill:
+            import ctypes
+
+            buf = (ctypes.c_char * self.size).from_buffer(self.view)
+            c0 = time.thread_time_ns()
+            ctypes.memset(buf, 1, self.size)
+            took = time.thread_time_ns() - c0
+            del buf
+            return took
         c0 = time.thread_time_ns()
         self.view[::PAGE] = self._ones
         return time.thread_time_ns() - c0
@@ -120,6 +130,29 @@ class Burst:
         }
 
 
-def burst(kind, size, path=None):
+def burst(kind, size, path=None, fill=False):
     """First touch then settle, at once: the record of Burst.settle()."""
-    return Burst(kind, size, path).first().settle()
+    return Burst(kind, size, path, fill).first().settle()
+
+
+def sparse(pages, spin_s, spin_for):
+    """`pages` 4 KiB first touches, each followed by `spin_s` of user-mode
+    work (`spin_for`, no fault, no system call): faults far apart, whose
+    time is ~2-5 us each and must not take the work after them. Returns
+    t0/t1 (CLOCK_MONOTONIC ns), faults (the kernel's count of the thread)
+    and spin_ns (the work's CPU time, the faults' time included)."""
+    m = mmap.mmap(-1, pages * PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    m.madvise(mmap.MADV_NOHUGEPAGE)
+    view = memoryview(m)
+    r0 = resource.getrusage(resource.RUSAGE_THREAD)
+    t0 = time.monotonic_ns()
+    c0 = time.thread_time_ns()
+    for i in range(pages):
+        view[i * PAGE] = 1
+        spin_for(spin_s)
+    c1 = time.thread_time_ns()
+    t1 = time.monotonic_ns()
+    r1 = resource.getrusage(resource.RUSAGE_THREAD)
+    view.release()
+    m.close()
+    return {"t0": t0, "t1": t1, "faults": r1.ru_minflt - r0.ru_minflt, "spin_ns": c1 - c0}

@@ -54,10 +54,10 @@ class Waker:
             os.read(self.r, 1)
 
 
-def touch_pages(kind, size, path=None):
+def touch_pages(kind, size, path=None, fill=False):
     """A fault burst of `kind` over `size` bytes (fault_kinds.py): its record,
     the kernel's fault count and the truth of its fault time included."""
-    return fault_kinds.burst(kind, size, path)
+    return fault_kinds.burst(kind, size, path, fill)
 
 
 def spin_for(seconds):
@@ -110,8 +110,10 @@ def worker():
             waker = waker or Waker()
             waker.wake_me(int(arg[0]))
             reply = str(waker.tid)
-        elif cmd == "touch":  # touch KIND BYTES [FILE]
-            reply = json.dumps(touch_pages(arg[0], int(arg[1]), *arg[2:]))
+        elif cmd in ("touch", "fill"):  # touch|fill KIND BYTES [FILE] (fill: whole pages)
+            reply = json.dumps(touch_pages(arg[0], int(arg[1]), *arg[2:], fill=cmd == "fill"))
+        elif cmd == "sparse":  # sparse PAGES SPIN_US: one fault, then user work, per page
+            reply = json.dumps(fault_kinds.sparse(int(arg[0]), int(arg[1]) / 1e6, spin_for))
         elif cmd == "udp":
             # send n datagrams to a socket of our own on loopback: the
             # receive softirq runs on this CPU, in this thread's context

@@ -125,8 +125,9 @@ class ProbeSettings:
     )
     page_fault_gap_us: float = _key(
         5000.0,
-        "a page fault's time is its thread's on-CPU time until its next fault when at most "
-        "this long (us); longer ones are priced at the mean of the measured ones",
+        "a page fault that maps no page (or on a kernel that refuses the mapping end) is "
+        "timed to its thread's next fault when that is at most this much on-CPU time away "
+        "(us); longer ones are priced at the mean of the measured ones",
         minimum=1,
     )
     syscalls_flush_ms: float = _key(

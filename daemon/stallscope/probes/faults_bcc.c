@@ -4,15 +4,31 @@
 // exceptions:page_fault_user runs in the faulting task's context, on entry
 // only (no end event on this kernel; fexit on the fault handler would give
 // the end exactly but BPF trampolines are refused here). So a fault's time
-// is measured as the thread's on-CPU time from its entry to the thread's next
-// fault: in a burst of first touches that is the fault and the few
-// instructions that lead to the next one. The clock pauses while the thread
-// is off CPU (sched_switch out, preempted or in uninterruptible sleep, e.g.
-// a fault waiting for I/O) and resumes when it runs again. A fault's time is
-// "measured" when that on-CPU time is at most GAP_NS; a longer one, or one
-// that ends in an interruptible sleep (the thread left the fault and made a
-// system call) or with the aggregate's flush, is counted but not measured:
-// user space prices it at the mean of the measured ones (faults_bcc.py).
+// is measured in the thread that took it, as its on-CPU time from the entry
+// to the fault's end, which is found one of two ways:
+//
+// - at the page's mapping (MAP_END): a fault that maps a page changes the
+//   process's RSS counter just before it sets the page table entry (kmem:
+//   rss_stat, in the faulting task, after the page was zeroed or copied).
+//   The first rss_stat of the thread after the entry whose user registers
+//   are still the fault's (same instruction address, orig_ax -1: an
+//   exception, not a system call such as munmap) is the fault's end; the
+//   return to user mode after it adds at most TAIL_NS. This is what makes
+//   a 5 ms huge-page fault (direct compaction) and a sparse fault followed
+//   by long user work measurable: neither has a next fault close by.
+// - at the thread's next fault, when that is at most GAP_NS of on-CPU time
+//   away and no mapping was seen (a fault that maps nothing: write-protect
+//   reuse, NUMA hinting, one another thread resolved): in a burst of first
+//   touches that is the fault and the few instructions that lead to the
+//   next one.
+//
+// The clock pauses while the thread is off CPU (sched_switch out, preempted
+// or in uninterruptible sleep, e.g. a fault waiting for I/O) and resumes
+// when it runs again. A fault whose end was not found this way (no mapping,
+// and it ran past GAP_NS or ended in an interruptible sleep: the thread had
+// left the fault and made a system call) is counted but not measured: user
+// space prices it at the mean of the measured ones (faults_bcc.py). An open
+// fault that has not mapped its page after FAULT_MAX_NS of CPU is given up.
 //
 // Faults of one thread are summed into one aggregate; when a fault comes
 // more than FLUSH_NS after the aggregate's first one, the aggregate is
@@ -79,26 +95,48 @@ static __always_inline void emit(struct record *r)
 #ifndef GAP_NS
 #define GAP_NS 5000000
 #endif
+#ifndef TAIL_NS
+#define TAIL_NS 5000
+#endif
+#ifndef FAULT_MAX_NS
+#define FAULT_MAX_NS 200000000
+#endif
 
 BPF_HASH(aggs, u32, struct fault_agg, MAX_TIDS);  // tid -> faults since start_ns
 BPF_ARRAY(calib, u64, 2);                     // [0] = tid to count, [1] = its faults
 
-// The thread's latest fault, still open, ends now: measured when its on-CPU
-// time is at most GAP_NS.
-static __always_inline void close_fault(struct fault_agg *a, u64 now)
+// The on-CPU time of the open fault until `now` (0: the thread is off CPU).
+static __always_inline u64 open_time(struct fault_agg *a, u64 now)
 {
-    if (!a->open)
-        return;
     u64 d = a->open_ns;
     if (a->seg_ns && now > a->seg_ns)
         d += now - a->seg_ns;
-    if (d <= GAP_NS) {
+    return d;
+}
+
+// The thread's latest fault, still open, ends now. `next`: it ends at the
+// thread's next fault (its time may run to it); else it ends because the
+// thread left it (a system call's sleep, the aggregate's flush, a fault that
+// ran too long): only a fault that mapped its page is measured then.
+static __always_inline void close_fault(struct fault_agg *a, u64 now, int next)
+{
+    if (!a->open)
+        return;
+    u64 d = open_time(a, now);
+    if (a->map_ns) {
+        u64 t = a->map_ns + TAIL_NS;
+        a->measured += 1;
+        a->measured_ns += d < t ? d : t;
+        COUNT(ended_at_map);
+    } else if (next && d <= GAP_NS) {
         a->measured += 1;
         a->measured_ns += d;
+        COUNT(ended_at_next);
     }
     a->open = 0;
     a->open_ns = 0;
     a->seg_ns = 0;
+    a->map_ns = 0;
 }
 
 TRACEPOINT_PROBE(exceptions, page_fault_user)
@@ -120,7 +158,7 @@ TRACEPOINT_PROBE(exceptions, page_fault_user)
     u64 now = bpf_ktime_get_ns();
     struct fault_agg *a = aggs.lookup(&tid);
     if (a) {
-        close_fault(a, now);  // the previous fault's time goes with its own row
+        close_fault(a, now, 1);  // the previous fault's time goes with its own row
         if (now - a->start_ns >= FLUSH_NS) {
             struct record r = {};
             r.start_ns = a->start_ns;
@@ -140,6 +178,7 @@ TRACEPOINT_PROBE(exceptions, page_fault_user)
         a->last_ns = now;
         a->open = 1;
         a->seg_ns = now;
+        a->ip = args->ip;
         return KEEP_PERF_EVENT;
     }
     struct fault_agg init = {};
@@ -149,10 +188,38 @@ TRACEPOINT_PROBE(exceptions, page_fault_user)
     init.pid = pid;
     init.open = 1;
     init.seg_ns = now;
+    init.ip = args->ip;
     if (aggs.update(&tid, &init))
         COUNT(aggs_full);
     return KEEP_PERF_EVENT;
 }
+
+#if MAP_END
+// The open fault mapped its page: the RSS counter of the current mm changes
+// in the faulting task just before the page table entry is set. Most calls
+// (every RSS change on the host) end at the first lookup: no open fault.
+TRACEPOINT_PROBE(kmem, rss_stat)
+{
+    if (!args->curr)
+        return KEEP_PERF_EVENT;
+    u32 tid = bpf_get_current_pid_tgid();
+    struct fault_agg *a = aggs.lookup(&tid);
+    if (!a || !a->open || a->map_ns)
+        return KEEP_PERF_EVENT;
+    // Still inside that fault: the user registers are the fault's (a system
+    // call, munmap say, has orig_ax >= 0 and the instruction after it).
+    struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
+    u64 ip = 0;
+    long orig_ax = 0;
+    bpf_probe_read_kernel(&ip, sizeof(ip), &regs->ip);
+    bpf_probe_read_kernel(&orig_ax, sizeof(orig_ax), &regs->orig_ax);
+    if (ip != a->ip || orig_ax != -1)
+        return KEEP_PERF_EVENT;
+    u64 d = open_time(a, bpf_ktime_get_ns());
+    a->map_ns = d ? d : 1;
+    return KEEP_PERF_EVENT;
+}
+#endif
 
 // The clock of an open fault runs only while its thread is on CPU. Only
 // threads with an aggregate (a fault in the last FLUSH_NS or so) are found:
@@ -171,13 +238,13 @@ TRACEPOINT_PROBE(sched, sched_switch)
         // prev_state is the report state, one-hot (S=0x1, D=0x2, ...); 0, or
         // 0x100 with the low byte 0, for a preemption (see sched_bcc.c). A
         // fault sleeps only uninterruptibly (I/O, a lock): any other sleep
-        // means the thread had left the fault for a system call, so its time
-        // is not measured.
+        // means the thread had left the fault for a system call. Past the
+        // gap bound a fault is measured only at its mapping: one that has
+        // mapped is done, one that has not is waited for up to FAULT_MAX_NS.
         long st = args->prev_state & 0xff;
-        if ((st != 0 && st != 0x2) || a->open_ns > GAP_NS) {
-            a->open = 0;
-            a->open_ns = 0;
-        }
+        if ((st != 0 && st != 0x2) || (a->open_ns > GAP_NS && a->map_ns) ||
+            a->open_ns > FAULT_MAX_NS)
+            close_fault(a, now, 0);
     }
     a = next ? aggs.lookup(&next) : 0;
     if (a && a->open) {

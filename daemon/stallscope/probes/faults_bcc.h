@@ -7,7 +7,7 @@
 struct record {
     u64 start_ns;     // first fault
     u64 end_ns;       // last fault
-    u64 measured_ns;  // summed time of the measured faults (on-CPU, entry to next fault)
+    u64 measured_ns;  // summed time of the measured faults (on-CPU; faults_bcc.c says to where)
     u32 pid;
     u32 tid;
     u32 count;        // faults
@@ -22,6 +22,8 @@ struct fault_agg {
     u64 measured_ns;  // measured faults' summed time
     u64 open_ns;      // on-CPU time so far of the open fault
     u64 seg_ns;       // since when the thread is on CPU with it open (0: off CPU)
+    u64 map_ns;       // on-CPU time of the open fault when it mapped its page (0: not yet)
+    u64 ip;           // the open fault's user instruction address
     u32 count;
     u32 measured;
     u32 pid;          // tgid
@@ -31,6 +33,8 @@ struct fault_agg {
 struct counters {
     u64 reserve_failed;   // ring buffer full
     u64 aggs_full;        // per-thread aggregate map full
+    u64 ended_at_map;     // measured faults whose time ended at their page's mapping
+    u64 ended_at_next;    // measured faults whose time ended at the thread's next fault
 };
 
 #endif
