@@ -316,6 +316,9 @@ class Ingest(RunRegistry, RecordDecoder, RequestDecoder, CensusIngest, PyStateIn
                 self._reject(None, pid, "uid_not_allowed")
                 sock.close()
                 continue
+            stale = self.conns.get(sock.fileno())
+            if stale is not None:
+                self._lost_behind_our_back(stale)
             conn = Connection(sock, pid, uid, gid)
             self.conns[sock.fileno()] = conn
             self.selector.register(sock, selectors.EVENT_READ, conn)
@@ -491,13 +494,34 @@ class Ingest(RunRegistry, RecordDecoder, RequestDecoder, CensusIngest, PyStateIn
             log.warning("rejected %s from pid %s (%d so far)", reason, pid, self.rejections[reason])
         return None
 
-    def _close(self, conn):
+    def _lost_behind_our_back(self, stale):
+        """A new connection got the descriptor number of one still open here:
+        something else in the daemon closed that one's socket (a library
+        closing a descriptor it does not own; bcc < 0.33's symbolizer did,
+        cpu_stacks.py). The old connection is gone: its run ends now, what
+        its client sent since the last read is lost (an `ingest_errors` row
+        says so), and its socket object lets go of the number without
+        closing it, which is the new connection's now."""
+        fd = stale.sock.fileno()
+        log.error(
+            "bug: the socket of pid %d's connection (fd %d) was closed by something else "
+            "in the daemon; its run ends here and what it sent since the last read is lost",
+            stale.pid,
+            fd,
+        )
+        self._reject(stale.run.run_id if stale.run else None, stale.pid, "socket_closed_elsewhere")
+        self._close(stale, release=True)
+
+    def _close(self, conn, release=False):
         try:
             self.selector.unregister(conn.sock)
         except (KeyError, ValueError):
             pass
         self.conns.pop(conn.sock.fileno(), None)
-        conn.sock.close()
+        if release:
+            conn.sock.detach()  # the number is someone else's now: never close it
+        else:
+            conn.sock.close()
         run = conn.run
         if run is None:
             return

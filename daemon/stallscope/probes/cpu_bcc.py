@@ -287,7 +287,15 @@ class BccCpuProbe(Probe):
         return (
             f"{self.hz:g} Hz per tracked thread on CPU, Python frames up to depth "
             f"{self.max_depth} (CPython 3.10-3.13, from each client's report), native leaf "
-            f"symbolized; BPF loaded in {self.load_s:.1f} s"
+            f"symbolized ({self._symbolizer()}); BPF loaded in {self.load_s:.1f} s"
+        )
+
+    def _symbolizer(self):
+        if self.stacks.natives.use_bcc:
+            return "bcc"
+        return (
+            "from the maps and ELF files: this bcc's symbolizer closes a stale file "
+            "descriptor each use, fixed in bcc 0.33"
         )
 
     # ----- perf events -------------------------------------------------------------------

@@ -1,24 +1,30 @@
-"""Native leaf names where bcc's symbolizer cannot open the process's files.
+"""Native leaf names from a process's maps and its module files, without bcc's symbolizer.
 
-bcc reads a process's modules through /proc/PID/root/..., which the kernel
-opens only to a ptrace-capable reader: a daemon running as its own user
-(the unit's `User=stallscope`, CAP_PERFMON but no CAP_SYS_PTRACE) can read
-another user's /proc/PID/maps (CAP_PERFMON allows it) but not that link,
-so every leaf of such an engine would be unnamed. This module names them
-from the maps and the module files themselves, opened by their path in the
-daemon's own mount namespace, and only when the file is the one mapped
-(same device and inode as the maps line says), so a container's library
-is never named after the host's. Symbols: ELF64 `.symtab`, else `.dynsym`,
+Used where bcc's cannot be: bcc reads a process's modules through
+/proc/PID/root/..., which the kernel opens only to a ptrace-capable reader
+(a daemon running as its own user, the unit's `User=stallscope`, with
+CAP_PERFMON but no CAP_SYS_PTRACE, can read another user's /proc/PID/maps
+but not that link), and bcc before 0.33 closes a stale file descriptor each
+time it loads a process's modules (cpu_stacks.py). This module names leaves
+from the maps and the module files themselves: opened by their path in the
+daemon's own mount namespace, else through /proc/PID/root (a container's,
+where the daemon may follow it), and only when the file is the one mapped
+(same device and inode as the maps line says), so a container's library is
+never named after the host's. Symbols: ELF64 `.symtab`, else `.dynsym`,
 functions with their sizes (an address past a function's end is unnamed,
-never the previous function's). Reads files only; bounded caches; never
+never the previous function's); C++ names demangled (libstdc++'s
+`__cxa_demangle`, when it loads). Reads files only; bounded caches; never
 raises (a failure is an unnamed leaf).
 """
 
 import bisect
+import ctypes
+import ctypes.util
 import os
 import struct
 
 MAX_MODULES = 256
+MAX_DEMANGLED = 1 << 16
 SHT_SYMTAB = 2
 SHT_DYNSYM = 11
 STT_FUNC = 2
@@ -78,6 +84,42 @@ class _Module:
         return None
 
 
+class _Demangler:
+    """Itanium C++ names (`_Z...`) demangled by libstdc++, cached; a name it
+    cannot demangle (or no libstdc++) is returned as it is."""
+
+    def __init__(self):
+        self._fn = self._free = None
+        self._cache = {}
+        try:
+            lib = ctypes.CDLL(ctypes.util.find_library("stdc++") or "libstdc++.so.6")
+            fn = getattr(lib, "__cxa_demangle")  # (a name Python would mangle in a class)
+            fn.restype = ctypes.c_void_p
+            fn.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+            libc = ctypes.CDLL(None)
+            libc.free.argtypes = [ctypes.c_void_p]
+            self._fn, self._free = fn, libc.free
+        except (OSError, AttributeError):
+            pass
+
+    def __call__(self, name):
+        if not name or not name.startswith(b"_Z") or self._fn is None:
+            return name
+        got = self._cache.get(name)
+        if got is None:
+            status = ctypes.c_int(0)
+            ptr = self._fn(name, None, None, ctypes.byref(status))
+            got = name
+            if ptr and status.value == 0:
+                got = ctypes.string_at(ptr)
+            if ptr:
+                self._free(ptr)
+            if len(self._cache) >= MAX_DEMANGLED:
+                self._cache.clear()
+            self._cache[name] = got
+        return got
+
+
 class MapsSymbolizer:
     """(function, module path) of a user address of a process, from its maps."""
 
@@ -85,6 +127,7 @@ class MapsSymbolizer:
         self.proc_root = proc_root
         self._maps = {}  # pid -> [(start, end, offset, dev, inode, path)]
         self._modules = {}  # (path, dev, inode) -> _Module or None
+        self._demangle = _Demangler()
 
     def forget(self, pid):
         self._maps.pop(pid, None)
@@ -100,10 +143,11 @@ class MapsSymbolizer:
             if k < 0 or ip >= maps[k][1]:
                 return None, None
             start, _, offset, dev, inode, path = maps[k]
-            module = self._module(path, dev, inode)
+            module = self._module(pid, path, dev, inode)
             if module is None:
                 return None, path.encode()
-            return module.name(ip - start + offset + module.bias), path.encode()
+            name = module.name(ip - start + offset + module.bias)
+            return self._demangle(name), path.encode()
         except Exception:
             return None, None
 
@@ -123,17 +167,20 @@ class MapsSymbolizer:
         out.sort()
         return out
 
-    def _module(self, path, dev, inode):
+    def _module(self, pid, path, dev, inode):
         key = (path, dev, inode)
         if key in self._modules:
             return self._modules[key]
         module = None
-        try:
-            st = os.stat(path)
-            if st.st_ino == inode and st.st_dev == dev:  # the very file that is mapped
-                module = _Module(path)
-        except (OSError, ValueError, struct.error):
-            module = None
+        # the daemon's own mount namespace first, then the process's root
+        for candidate in (path, f"{self.proc_root}/{pid}/root{path}"):
+            try:
+                st = os.stat(candidate)
+                if st.st_ino == inode and st.st_dev == dev:  # the very file that is mapped
+                    module = _Module(candidate)
+                    break
+            except (OSError, ValueError, struct.error, IndexError):
+                module = None
         if len(self._modules) >= MAX_MODULES:
             self._modules.clear()
         self._modules[key] = module

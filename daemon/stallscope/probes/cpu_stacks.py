@@ -2,8 +2,9 @@
 
 `StackTable.resolve(recs)` takes one drain's `sample` records (numpy, from
 cpu_bcc.c) and returns the rows to append. A sample's stack is its native
-leaf (the interrupted user IP, symbolized with bcc's symbolizer while the
-process is alive) followed by its Python frames, innermost first; each
+leaf (the interrupted user IP, symbolized while the process is alive: by
+bcc's symbolizer from bcc 0.33 on, else from the maps and ELF files,
+cpu_elf.py) followed by its Python frames, innermost first; each
 frame is a (kind, file or module, function, line) and is stored once
 (`cpu_frames`), each distinct stack once (`cpu_stacks`: one row per frame,
 depth 0 the leaf), and each sample as one small row naming its stack. The
@@ -55,14 +56,39 @@ MAX_RESOLVED = 1 << 18
 MAX_SYMBOLS = 1 << 18
 
 
+# bcc before 0.33 closes a stale file descriptor each time its symbolizer
+# loads a process's modules (ProcSyms::ModulePath leaves fd_ unset for the
+# global /tmp/perf-PID.map it tries, and its destructor closes whatever
+# value that memory held: iovisor/bcc 68710c4f, January 2025). In a daemon
+# whose main thread accepts sockets meanwhile, that number is often a live
+# client's socket, closed behind the listener's back. Debian 12 ships 0.26.
+BCC_SYMBOLIZER_SAFE_FROM = (0, 33)
+
+
+def bcc_symbolizer_safe(version=None):
+    """Whether this bcc's SymbolCache may be used in the daemon (see above)."""
+    if version is None:
+        try:
+            from bcc.version import __version__ as version
+        except ImportError:
+            return False
+    try:
+        parts = tuple(int(x) for x in str(version).split(".")[:2])
+    except ValueError:
+        return False
+    return parts >= BCC_SYMBOLIZER_SAFE_FROM
+
+
 class _Natives:
     """(pid, IP) -> ('native', module, function, None), with bcc's symbolizer
-    (/proc/PID/maps and the modules' ELF symbols: the process must be alive),
-    or, for a process whose /proc/PID/root this daemon may not follow
-    (another user's, without CAP_SYS_PTRACE), cpu_elf's from the maps."""
+    (/proc/PID/maps and the modules' ELF symbols: the process must be alive)
+    where this bcc's is safe and the daemon may follow the process's
+    /proc/PID/root, else with cpu_elf's from the maps (another user's
+    process without CAP_SYS_PTRACE, or any process with bcc < 0.33)."""
 
-    def __init__(self, enabled=True):
+    def __init__(self, enabled=True, use_bcc=None):
         self.enabled = enabled
+        self.use_bcc = bcc_symbolizer_safe() if use_bcc is None else use_bcc
         self._caches = {}  # pid -> bcc SymbolCache
         self._by_maps = {}  # pid -> whether bcc cannot open its files (cpu_elf instead)
         self._maps = MapsSymbolizer()
@@ -99,6 +125,8 @@ class _Natives:
 
     def _resolve(self, pid, ip):
         by_maps = self._by_maps.get(pid)
+        if by_maps is None and not self.use_bcc:
+            by_maps = self._by_maps[pid] = True
         if by_maps is None:
             try:
                 os.stat(f"/proc/{pid}/root/")

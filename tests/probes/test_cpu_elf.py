@@ -1,0 +1,76 @@
+"""Native leaf names without bcc's symbolizer (cpu_elf.py), and when bcc's is not asked.
+
+bcc before 0.33 closes a stale file descriptor each time its symbolizer
+loads a process's modules; the daemon then names leaves from the maps and
+the module files. These tests read real ELF files: this process's libc and
+libstdc++ (a C++ name demangled), a module reached only through a fixture
+/proc/PID/root (a container's), and the version gate.
+"""
+
+import ctypes
+import os
+import shutil
+
+from stallscope.probes.cpu_elf import MapsSymbolizer, _Demangler
+from stallscope.probes.cpu_stacks import _Natives, bcc_symbolizer_safe
+
+
+def _libc_path_and_getpid():
+    addr = ctypes.cast(ctypes.CDLL(None).getpid, ctypes.c_void_p).value
+    with open("/proc/self/maps") as f:
+        for line in f:
+            lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+            if lo <= addr < hi:
+                return line.split(None, 5)[5].strip(), addr, line
+    raise AssertionError("getpid is not in a mapped module")
+
+
+def test_this_processes_libc_function_is_named_with_its_module():
+    path, addr, _ = _libc_path_and_getpid()
+    name, module = MapsSymbolizer().resolve(os.getpid(), addr)
+    assert name == b"getpid" and module == path.encode()
+
+
+def test_cpp_names_are_demangled_and_others_kept():
+    d = _Demangler()
+    assert d(b"_ZNSt6vectorIiSaIiEE9push_backERKi") == (
+        b"std::vector<int, std::allocator<int> >::push_back(int const&)"
+    )
+    assert d(b"deflate") == b"deflate"
+    assert d(b"_Znot a name") == b"_Znot a name"  # not demangled: kept as it is
+    assert d(None) is None
+
+
+def test_a_module_only_in_the_processes_root_is_read_there(tmp_path):
+    # A container's library: its maps path does not exist in the daemon's
+    # mount namespace, only under /proc/PID/root (here a fixture tree).
+    libc, addr, line = _libc_path_and_getpid()
+    pid = 4242
+    root = tmp_path / "proc" / str(pid) / "root"
+    inside = "/opt/container-only/libc.so.6"
+    (root / inside.lstrip("/")).parent.mkdir(parents=True)
+    shutil.copy(libc, root / inside.lstrip("/"))
+    st = os.stat(root / inside.lstrip("/"))
+    fields = line.split(None, 5)
+    fields[3] = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}"
+    fields[4] = str(st.st_ino)
+    fields[5] = inside
+    (tmp_path / "proc" / str(pid) / "maps").write_text(" ".join(fields) + "\n")
+    name, module = MapsSymbolizer(str(tmp_path / "proc")).resolve(pid, addr)
+    assert name == b"getpid" and module == inside.encode()
+    # the same path with another inode is someone else's file: unnamed
+    fields[4] = str(st.st_ino + 1)
+    (tmp_path / "proc" / str(pid) / "maps").write_text(" ".join(fields) + "\n")
+    name, module = MapsSymbolizer(str(tmp_path / "proc")).resolve(pid, addr)
+    assert name is None and module == inside.encode()
+
+
+def test_bcc_symbolizer_is_used_only_from_0_33():
+    assert not bcc_symbolizer_safe("0.26.0")
+    assert not bcc_symbolizer_safe("0.32.9")
+    assert bcc_symbolizer_safe("0.33.0") and bcc_symbolizer_safe("1.0")
+    assert not bcc_symbolizer_safe("garbage")
+    natives = _Natives(use_bcc=False)
+    path, addr, _ = _libc_path_and_getpid()
+    assert natives.content(os.getpid(), addr) == ("native", path, "getpid", None)
+    assert natives._caches == {}  # no bcc SymbolCache was made
