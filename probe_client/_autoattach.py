@@ -41,6 +41,10 @@ EXPR_KEYWORDS = (
     "batch",
     "work",
     "idle",
+    "request",
+    "request_id",
+    "request_tokens",
+    "request_then",
 )  # checked early; others go to attach() as they are
 
 

@@ -26,15 +26,60 @@ from ._wrap import _prefix_for, resolver, shape_for
 _TEMPLATE = """
 def {p}make({p}p, {p}target, {p}owner, {p}self, {p}kid, {p}true_name, {p}sid, {p}pack,
              {p}buf, {p}acquire, {p}release, {p}mono, {p}local, {p}int, {p}bool, {p}len,
-             {p}AttributeError, {p}Exception, {p}ids_get, {p}rec, {p}enter, {p}leave{defaults}):
+             {p}AttributeError, {p}Exception, {p}ids_get, {p}rec, {p}enter, {p}leave,
+             {p}request{defaults}):
     {async_}def {p}wrapper({params}):
 {state}        {p}result = None
-{start}        try:
+{ok_init}{start}        try:
             {p}result = {await_}{p}target({call})
+{ok_set}            return {p}result
+        finally:
+{finish}{requests}    return {p}wrapper
+"""
+
+# A request form (kind "request"): no span, only the request events of a
+# call that returned.
+_REQUEST_ONLY = """
+def {p}make({p}p, {p}target, {p}owner, {p}self, {p}kid, {p}true_name, {p}sid, {p}pack,
+             {p}buf, {p}acquire, {p}release, {p}mono, {p}local, {p}int, {p}bool, {p}len,
+             {p}AttributeError, {p}Exception, {p}ids_get, {p}rec, {p}enter, {p}leave,
+             {p}request{defaults}):
+    {async_}def {p}wrapper({params}):
+        {p}result = None
+        {p}ok = False
+        {p}t0 = {p}mono()
+        try:
+            {p}result = {await_}{p}target({call})
+            {p}ok = True
             return {p}result
         finally:
-{finish}    return {p}wrapper
+{requests}    return {p}wrapper
 """
+
+# The request events of a call that returned (probe.request never raises;
+# the expressions may): the event, at the call's start (an arrival is when
+# the engine was handed the request, however long the call then waited for
+# the GIL), then, if `request_then` names one, a second event of the same
+# request now (a token that finished it).
+_REQUEST = """\
+            if {p}ok:
+                try:
+                    {p}ev = {event}
+                    if {p}ev:
+                        {p}rid = {rid}
+                        {p}request({p}rid, {p}ev, {tokens}, {p}t0)
+{then}                except {p}Exception:
+                    {p}p.errors += 1
+"""
+
+_REQUEST_THEN = """\
+                        {p}ev = {then}
+                        if {p}ev:
+                            {p}request({p}rid, {p}ev)
+"""
+
+# attach() keywords of the request form (docs/run.md)
+REQUEST_KEYS = ("request", "request_id", "request_tokens", "request_then")
 
 # The thread's state, looked up (and made on its first span) in Python.
 _STATE = """\
@@ -146,17 +191,45 @@ _TAG_BODIES = {
 }
 
 
-def build(probe, plan, kid, exprs, consts):
+def _request_block(exprs, resolve, prefix):
+    """The request events' source for `exprs` ('' without a request form)."""
+    if exprs.get("request") is None:
+        if any(exprs.get(k) is not None for k in REQUEST_KEYS):
+            raise _expr.ExprError("request_id, request_tokens and request_then need request=EVENT")
+        return ""
+    if exprs.get("request_id") is None:
+        raise _expr.ExprError("request=EVENT needs request_id=EXPR (the request's id)")
+
+    def code(key):
+        return _expr.compile_expr(exprs[key], resolve, len_name=prefix + "len")
+
+    then = ""
+    if exprs.get("request_then") is not None:
+        then = _REQUEST_THEN.format(p=prefix, then=code("request_then"))
+    tokens = code("request_tokens") if exprs.get("request_tokens") is not None else "None"
+    return _REQUEST.format(
+        p=prefix, event=code("request"), rid=code("request_id"), tokens=tokens, then=then
+    )
+
+
+def build(probe, plan, kid, exprs, consts, request_only=False):
     """The wrapper for `plan`; `exprs` maps 'stage'/'batch'/'work'/'idle'
-    to an expression (or None); `consts` holds the record layout numbers."""
+    and the request form's keys (REQUEST_KEYS) to an expression (or None);
+    `consts` holds the record layout numbers. `request_only`: no span, the
+    request events alone."""
     prefix = _prefix_for(
         plan.target if not isinstance(plan.target, types.MethodType) else plan.target.__func__
     )
     shape = shape_for(plan, prefix)
     resolve = resolver(shape, prefix)
+    requests = _request_block(exprs, resolve, prefix)
+    if request_only and not requests:
+        raise _expr.ExprError("kind 'request' needs request=EVENT and request_id=EXPR")
     tags = []
     true_name = ""
     for field in ("stage", "batch", "work", "idle"):
+        if request_only and exprs.get(field) is not None:
+            raise _expr.ExprError(f"kind 'request' records no span: {field} has nowhere to go")
         text = exprs.get(field)
         if text is None:
             continue
@@ -192,7 +265,7 @@ def build(probe, plan, kid, exprs, consts):
     )
     start = _START_C if c_start else _START
     finish = _FINISH_C if c_finish else _FINISH
-    source = _TEMPLATE.format(
+    source = (_REQUEST_ONLY if request_only else _TEMPLATE).format(
         p=prefix,
         defaults=defaults,
         async_="async " if is_async else "",
@@ -202,6 +275,9 @@ def build(probe, plan, kid, exprs, consts):
         state="" if c_start else _STATE.format(p=prefix),
         start=start.format(**parts),
         finish=finish.format(**parts),
+        ok_init=f"        {prefix}ok = False\n" if requests else "",
+        ok_set=f"            {prefix}ok = True\n" if requests else "",
+        requests=requests,
     )
     namespace = {}
     exec(compile(source, f"<stallscope wrapper kind={kid}>", "exec"), namespace)
@@ -225,7 +301,8 @@ def build(probe, plan, kid, exprs, consts):
         AttributeError,
         Exception,
         probe._ids.get,  # a known stage's id without a method call; ids are >= 1
-        *_c_calls(probe, kid, consts),
+        *(_c_calls(probe, kid, consts) if not request_only else (None, None, None)),
+        probe.request,
         *shape.defaults.values(),
     )
     # An instance's wrapper must not hold the bound method (a cycle through

@@ -57,6 +57,9 @@ _U32 = wire.U32_MAX
 _I64 = 1 << 63
 
 # Numbers and functions the generated wrappers are compiled with.
+# The kind of a request-only attach: the call records its request events, no span.
+REQUEST_KIND = "request"
+
 _CONSTS = {
     "full": FULL_AT,
     "rtype": _REC_SPAN,
@@ -203,7 +206,20 @@ class Probe(Transport, GcForensics, RequestEvents):
         """Context manager around a block: `with probe.span("prefill", batch=3):`."""
         return _Span(self, kind, stage, batch, work, idle)
 
-    def attach(self, target, path, kind, stage=None, batch=None, work=None, idle=None):
+    def attach(
+        self,
+        target,
+        path,
+        kind,
+        stage=None,
+        batch=None,
+        work=None,
+        idle=None,
+        request=None,
+        request_id=None,
+        request_tokens=None,
+        request_then=None,
+    ):
         """Wrap the method `path` (dotted, relative to `target`) in place.
 
         `target` may be an instance (only that object's calls are timed) or a
@@ -221,8 +237,13 @@ class Probe(Transport, GcForensics, RequestEvents):
         (`result.phase`, `len(arg0.requests)`, ...), compiled now into
         plain reads. Values found become the thread's current stage and
         batch, carried by every span that ends on the thread until the
-        outermost span ends. Raises on a bad path or expression (set-up
-        time), never on the hot path.
+        outermost span ends. `request` (an EVENT expression: "'arrived'",
+        '"finished" if result else None') with `request_id` (and optionally
+        `request_tokens`, and `request_then`: a second event of the same
+        request) records `probe.request()` after each call that returned;
+        with kind "request" the call records those events and no span.
+        Raises on a bad path or expression (set-up time), never on the hot
+        path.
         """
         owner = target
         parts = path.split(".")
@@ -233,8 +254,12 @@ class Probe(Transport, GcForensics, RequestEvents):
             plan = _wrap.plan_class(owner, name)
         else:
             plan = _wrap.plan_instance(owner, name, path)
-        exprs = {"stage": stage, "batch": batch, "work": work, "idle": idle}
-        wrapper = _codegen.build(self, plan, self._intern(kind), exprs, _CONSTS)
+        exprs = {"stage": stage, "batch": batch, "work": work, "idle": idle, "request": request,
+                 "request_id": request_id, "request_tokens": request_tokens,
+                 "request_then": request_then}  # fmt: skip
+        request_only = kind == REQUEST_KIND
+        kid = 0 if request_only else self._intern(kind)
+        wrapper = _codegen.build(self, plan, kid, exprs, _CONSTS, request_only=request_only)
         wrapper.__stallscope_kind__ = kind
         if plan.store == "static":
             installed = staticmethod(wrapper)

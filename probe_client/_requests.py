@@ -66,7 +66,7 @@ class RequestEvents:
         # None without the C write, or with a build of _accel.c older than it
         self._accel_tokens = getattr(self._accel, "request_tokens", None)
 
-    def request(self, request_id, event, tokens=None):
+    def request(self, request_id, event, tokens=None, ts_ns=None):
         """Record `event` of request `request_id` now; never raises.
 
         `event` is one of arrived, scheduled, token, preempted, finished,
@@ -74,9 +74,11 @@ class RequestEvents:
         `token` event without a count means 1; other events may carry one,
         e.g. the prompt's length with `arrived`). `request_id` is an int or
         a str (hashed to 64 bits here; its text is sent once, with
-        `arrived`)."""
+        `arrived`). `ts_ns` (CLOCK_MONOTONIC ns, time.monotonic_ns()) is
+        when it happened if not now: a request form records the call's
+        start, the id being known only once the call returned."""
         try:
-            t = _monotonic_ns()
+            t = _monotonic_ns() if ts_ns is None else ts_ns
             code = _CODES.get(event)
             if code is None:
                 self._bad_request()

@@ -73,7 +73,7 @@ def test_the_preset_attached_every_target(hf_run):
     events = hf_run.daemon.query(
         "SELECT kind, count(*) FROM run_events WHERE run_id = ? GROUP BY kind", [hf_run.run_id]
     )
-    assert events == [("attached", 4)]  # work= and idle= included
+    assert events == [("attached", 6)]  # work= and idle= included, the two request forms
 
 
 def test_steps_and_their_batch_sizes_are_stored(hf_run):
@@ -113,6 +113,45 @@ def test_steps_and_their_batch_sizes_are_stored(hf_run):
         [hf_run.run_id],
     )
     assert mismatched == [(0,)]
+
+
+def test_every_finished_request_has_its_latency_on_the_engines_own_clock(hf_run):
+    # The preset's request forms (add_request, and each token's
+    # update_and_check_completion on the generation thread): every request
+    # the engine finished has a row, its token count exact, its arrival,
+    # first token and end within 1 ms of the engine's own timestamps.
+    engine = hf_run.summary["per_request"]
+    rows = hf_run.daemon.query(
+        "SELECT r.text, l.arrival_ns, l.ttft_ns, l.e2e_ns, l.output_tokens, "
+        "l.itl_max_ns, l.worst_step_idx FROM request_latency l JOIN requests r "
+        "USING (run_id, request_id) WHERE l.run_id = ?",
+        [hf_run.run_id],
+    )
+    got = {r[0]: r[1:] for r in rows}
+    assert sorted(got) == sorted(engine), (sorted(got), sorted(engine))
+    worst_us = [0, 0, 0]
+    for rid, own in engine.items():
+        arrival, ttft, e2e, tokens, itl_max, worst = got[rid]
+        for i, (a, b) in enumerate(((arrival, own["arrival_ns"]),
+                                    (arrival + ttft, own["first_token_ns"]),
+                                    (arrival + e2e, own["last_token_ns"]))):  # fmt: skip
+            worst_us[i] = max(worst_us[i], abs(a - b) / 1000)
+    print(f"requests: {len(engine)}, worst us off the engine's clock (arrival, first "
+          f"token, end): {worst_us}")  # fmt: skip
+    for rid, own in engine.items():
+        arrival, ttft, e2e, tokens, itl_max, worst = got[rid]
+        assert tokens == own["tokens"] == NEW_TOKENS, (rid, tokens, own)
+        assert abs(arrival - own["arrival_ns"]) <= 1_000_000, (rid, arrival, own)
+        first = arrival + ttft
+        assert abs(first - own["first_token_ns"]) <= 1_000_000, (rid, first, own)
+        assert abs(arrival + e2e - own["last_token_ns"]) <= 1_000_000, (rid, e2e, own)
+        # every gap between its tokens was a generation step's
+        assert itl_max is not None and itl_max > 0 and worst is not None, (rid, itl_max, worst)
+    served = hf_run.daemon.query(
+        "SELECT count(*), count(step_idx) FROM request_steps WHERE run_id = ? AND event = 'token'",
+        [hf_run.run_id],
+    )
+    assert served == [(REQUESTS * NEW_TOKENS, REQUESTS * NEW_TOKENS)], served
 
 
 def test_every_gc_pass_is_stored_including_those_on_other_threads(hf_run):

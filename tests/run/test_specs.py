@@ -168,3 +168,74 @@ def test_a_role_is_reported_when_its_target_first_runs_not_when_attached(tmp_pat
     finally:
         probe.close()
         del sys.modules["rolemod"]
+
+
+def test_request_forms_record_events_and_bad_ones_are_refused_with_the_reason(tmp_path):
+    """A request form (docs/run.md): `request=EVENT`, `request_id`, and
+    optionally `request_tokens` and `request_then`; kind `request` records
+    no span. Forms missing a part are refused when attached, saying why;
+    an expression that raises at call time is counted, never raised."""
+    import sys
+    import types
+
+    from probe_client import _autoattach
+    from probe_client._probe import Probe
+
+    module = types.ModuleType("reqmod")
+
+    class Manager:
+        def add(self, prompt, request_id=None):
+            return request_id
+
+    class State:
+        def __init__(self, rid):
+            self.request_id, self.n = rid, 0
+
+        def update(self, token):
+            self.n += 1
+            return self.n == 2
+
+    module.Manager, module.State = Manager, State
+    sys.modules["reqmod"] = module
+    probe = Probe(socket_path=str(tmp_path / "none.sock"), gc=False)
+    events, requests = [], []
+    probe.event = lambda kind, target, message: events.append((kind, target, message))
+    probe.request = lambda rid, ev, tokens=None, ts_ns=None: requests.append((rid, ev, tokens))
+    bad = [
+        "reqmod:State.update=request,request_id=self.request_id",  # no event
+        "reqmod:State.update=request",  # nothing to record
+        "reqmod:State.update=request,request='token'",  # no id
+        "reqmod:State.update=request,stage='x',request='token',request_id=self.request_id",
+        "reqmod:State.update=update,request_then='finished',request_id=self.request_id",
+    ]
+    try:
+        hooks = _autoattach.Hooks(probe)
+        hooks.add([parse_spec(text) for text in bad])
+        failed = {target: why for kind, target, why in events if kind == "attach_failed"}
+        assert len(failed) == len(bad), events
+        assert "request=EVENT" in failed[bad[0]] and "request=EVENT" in failed[bad[1]]
+        assert "request_id" in failed[bad[2]] and "no span" in failed[bad[3]]
+        assert "request=EVENT" in failed[bad[4]]
+        events.clear()
+        hooks.add([
+            parse_spec("reqmod:Manager.add=request,request='\"arrived\" if result else None',"
+                       "request_id=result,request_tokens=len(prompt)"),
+            # the event is an EXPR: a string literal keeps its quotes (request='token'
+            # would be the quoted EXPR `token`, the method's parameter)
+            parse_spec("reqmod:State.update=request,request=\"token\",request_id=self.request_id,"
+                       "request_then='\"finished\" if result else None'"),
+        ])  # fmt: skip
+        assert [k for k, _, _ in events] == ["attached", "attached"], events
+        assert Manager().add([1, 2, 3], "r1") == "r1"
+        assert Manager().add([1]) is None  # refused by the engine: nothing recorded
+        state = State("r1")
+        assert state.update(5) is False and state.update(6) is True
+        assert requests == [("r1", "arrived", 3), ("r1", "token", None), ("r1", "token", None),
+                            ("r1", "finished", None)]  # fmt: skip
+        # an expression that raises (no such attribute) is counted, the call's result kept
+        del state.request_id
+        errors = probe.errors
+        assert state.update(7) is False and probe.errors == errors + 1
+    finally:
+        probe.close()
+        del sys.modules["reqmod"]

@@ -81,9 +81,47 @@ STR_IDS = [f"cmpl-{i:032x}-0" for i in range(256)]
 ONES = [1] * 256
 
 
+class _State:
+    """A request's state, as an engine keeps one (transformers' RequestState)."""
+
+    def __init__(self, request_id, limit):
+        self.request_id = request_id
+        self.status = 2
+        self.n = 0
+        self.limit = limit
+
+    def update(self, token):
+        self.n += 1
+        return self.n % self.limit == 0
+
+
+def _forms(probe):
+    """The preset request forms (docs/run.md) on fresh classes: a span with
+    an `arrived` form, and a request-only form with a `then` event."""
+
+    class Manager:
+        def add_request(self, prompt, request_id=None):
+            return request_id
+
+    class State(_State):
+        pass
+
+    probe.attach(Manager, "add_request", kind="add", request='"arrived" if result else None',
+                 request_id="result", request_tokens="len(prompt)")  # fmt: skip
+    probe.attach(State, "update", kind="request",
+                 request='"token" if result or self.status == 2 else None',
+                 request_id="self.request_id", request_then='"finished" if result else None')  # fmt: skip
+    return Manager(), State(STR_IDS[0], 4), State(7, 4)
+
+
 def _calls(probe):
     """Each hot-path shape, as a callable of the loop index."""
+    manager, str_state, int_state = _forms(probe) if probe is not None else (None, None, None)
+    prompt = [1, 2, 3]
     return {
+        "form: arrived, str id": lambda i: manager.add_request(prompt, STR_IDS[i & 255]),
+        "form: token (+finished), str id": lambda i: str_state.update(i),
+        "form: token (+finished), int id": lambda i: int_state.update(i),
         "int token": lambda i: probe.request(i, "token", tokens=1),
         "int arrived": lambda i: probe.request(i, "arrived"),
         "str arrived (sends its text)": lambda i: probe.request(STR_IDS[i & 255], "arrived", 12),

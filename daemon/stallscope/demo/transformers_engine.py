@@ -11,7 +11,8 @@ server would (the loop idles between them). `--gc-pressure` builds a heap of
 reference cycles on the main thread meanwhile, so gen-2 passes run during
 steps, on another thread than the step's. Prints one JSON line: requests,
 finished, tokens, the collections per generation between the script's start
-and end, and that window's CLOCK_MONOTONIC edges. Exit status 0 when every
+and end, that window's CLOCK_MONOTONIC edges and, with arrivals, each request's
+own times (arrival, first and last token: CLOCK_MONOTONIC) and tokens. Exit status 0 when every
 request finished (else 1); --exit-status N replaces a success (to check
 that it passes through a wrapper). Needs the `engines` extra.
 """
@@ -91,9 +92,12 @@ def serve(model, config, requests, rate, new_tokens):
     manager.start()
     rng = random.Random(1)
     outputs = {}
+    arrivals = {}  # request id -> CLOCK_MONOTONIC ns just before add_request
     try:
         for prompt in requests:
-            manager.add_request(prompt, max_new_tokens=new_tokens)
+            t = time.monotonic_ns()
+            rid = manager.add_request(prompt, max_new_tokens=new_tokens, record_timestamps=True)
+            arrivals[rid] = t
             time.sleep(rng.expovariate(rate))
         while len(outputs) < len(requests):
             out = manager.get_result(timeout=60)
@@ -102,7 +106,24 @@ def serve(model, config, requests, rate, new_tokens):
             outputs[out.request_id] = out
     finally:
         manager.stop(block=True, timeout=10)
+    for rid, out in outputs.items():
+        out.arrival_ns = arrivals.get(rid)
     return outputs
+
+
+def request_times(outputs):
+    """Per request, the engine's own clock (CLOCK_MONOTONIC ns: time.perf_counter
+    is that clock on Linux): arrival, first and last token, tokens."""
+    out = {}
+    for rid, o in outputs.items():
+        stamps = getattr(o, "timestamps", None) or []
+        out[rid] = {
+            "arrival_ns": getattr(o, "arrival_ns", None),
+            "first_token_ns": round(stamps[0] * 1e9) if stamps else None,
+            "last_token_ns": round(stamps[-1] * 1e9) if stamps else None,
+            "tokens": len(o.generated_tokens),
+        }
+    return out
 
 
 def main(argv=None):
@@ -156,6 +177,8 @@ def main(argv=None):
         ],
         "window_ns": [window_start_ns, window_end_ns],
     }
+    if args.serve_seconds > 0:
+        summary["per_request"] = request_times(outputs)
     print(json.dumps(summary), flush=True)
     if len(finished) != n:
         return 1
