@@ -93,6 +93,36 @@ def test_every_request_finishes_and_the_worker_passes_ran(vllm_run):
     assert min(ms for _, ms in s["worker_gc"]) >= 20
 
 
+def test_every_request_has_its_latency_row_with_its_tokens(vllm_run):
+    # The preset's request forms, in the engine core: every request the
+    # caller got back has a row (the core's id is the caller's plus a suffix
+    # of its own), its token count exact, every token event inside an
+    # engine-core step, TTFT and end-to-end from the scheduler's arrival.
+    caller = dict(vllm_run.summary["per_request"])
+    rows = vllm_run.daemon.query(
+        "SELECT r.text, l.output_tokens, l.ttft_ns, l.e2e_ns, l.itl_max_ns FROM request_latency l "
+        "JOIN requests r USING (run_id, request_id) WHERE l.run_id = ? AND r.end_event = 'finished'",
+        [vllm_run.core],
+    )
+    assert len(rows) == len(caller) == REQUESTS * ROUNDS, (len(rows), len(caller))
+    got = {
+        text.rsplit("-", 1)[0]: (tokens, ttft, e2e, itl) for text, tokens, ttft, e2e, itl in rows
+    }
+    assert sorted(got) == sorted(caller)
+    for rid, tokens in caller.items():
+        n, ttft, e2e, itl = got[rid]
+        assert n == tokens == TOKENS, (rid, n, tokens)
+        assert 0 < ttft < e2e and itl is not None, (rid, ttft, e2e, itl)
+    served = vllm_run.daemon.query(
+        "SELECT event, count(*), count(step_idx) FROM request_steps WHERE run_id = ? "
+        "GROUP BY ALL ORDER BY 1",
+        [vllm_run.core],
+    )
+    n = REQUESTS * ROUNDS
+    # arrivals come between steps (the busy loop's input queue), tokens inside them
+    assert served == [("arrived", n, 0), ("finished", n, n), ("token", n * TOKENS, n * TOKENS)]
+
+
 def test_the_three_processes_form_one_group(vllm_run):
     q = vllm_run.daemon.query
     rows = q(

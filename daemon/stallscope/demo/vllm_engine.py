@@ -156,6 +156,9 @@ def main():
     summary = {
         "requests": len(outputs),
         "tokens": sum(len(o.outputs[0].token_ids) for o in outputs),
+        # the caller's request ids and each one's tokens (the engine core
+        # keys a request by the caller's id plus a suffix of its own)
+        "per_request": [[o.request_id, len(o.outputs[0].token_ids)] for o in outputs],
         "window_ns": [t0, t1],
         "generate_s": round((t1 - t0) / 1e9, 3),
         "worker_gc": passes,
