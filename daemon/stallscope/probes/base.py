@@ -130,6 +130,11 @@ class ProbeSettings:
         "(us); longer ones are priced at the mean of the measured ones",
         minimum=1,
     )
+    page_fault_map_end: bool = _key(
+        True,
+        "time each page fault to its page's mapping (kmem:rss_stat: ~+0.5 us per page fault "
+        "of every process on the host, BENCHMARKS.md); off: to the thread's next fault alone",
+    )
     syscalls_flush_ms: float = _key(
         20.0,
         "a thread's short calls of one syscall are one row per this much time, ms",

@@ -106,7 +106,8 @@ class BccFaultsProbe(BccTracepointProbe):
         self._thread_means = {}
         self.faults = {"count": 0, "measured": 0, "measured_ns": 0, "cost_ns": 0}
         self.faults_by_method = dict.fromkeys(COST_METHODS, 0)
-        self.map_end = True  # False once the kernel refused the mapping end
+        # False when turned off, or once the kernel refused the mapping end
+        self.map_end = bool(self.settings.page_fault_map_end)
         self.ended_at_map_swept = 0
         self.map_end_refused = None
 
@@ -192,6 +193,11 @@ class BccFaultsProbe(BccTracepointProbe):
 
     def detail(self):
         c = self.calibration
+        off = (
+            "; mapping end off (probes.page_fault_map_end)"
+            if not self.map_end and not self.map_end_refused
+            else ""
+        )
         fallback = (
             f"{c['cost_ns_per_fault']} ns per fault, calibrated at start (median of "
             f"{c['rounds']} x {c['pages_per_round']} first-touch 4 KiB pages in a daemon thread; "
@@ -211,6 +217,7 @@ class BccFaultsProbe(BccTracepointProbe):
             "of the measured faults of their row, else of their thread (cost_method); "
             f"for a thread with none measured yet: {fallback}"
             + (f"; mapping end refused: {self.map_end_refused}" if self.map_end_refused else "")
+            + off
         )
 
     # -- rows ----------------------------------------------------------------------
