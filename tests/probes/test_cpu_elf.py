@@ -8,6 +8,7 @@ libstdc++ (a C++ name demangled), a module reached only through a fixture
 """
 
 import ctypes
+import ctypes.util
 import os
 import shutil
 
@@ -74,3 +75,26 @@ def test_bcc_symbolizer_is_used_only_from_0_33():
     path, addr, _ = _libc_path_and_getpid()
     assert natives.content(os.getpid(), addr) == ("native", path, "getpid", None)
     assert natives._caches == {}  # no bcc SymbolCache was made
+
+
+def test_every_function_start_of_a_real_library_resolves_to_a_function_there():
+    # libstdc++: thousands of functions, C++ aliases (C1/C2 constructors at
+    # one address) and local symbols; the table is mapped and sorted with
+    # NumPy. Every function's start and last byte name a function whose
+    # range holds it; an address past the last function is unnamed.
+    from stallscope.probes.cpu_elf import _Module
+
+    ctypes.CDLL(ctypes.util.find_library("stdc++"))  # mapped in this process
+    with open("/proc/self/maps") as f:
+        lib = next(line.split(None, 5)[5].strip() for line in f if "libstdc++" in line)
+    mod = _Module(lib)
+    starts, ends = mod.starts.tolist(), mod.ends.tolist()
+    assert len(starts) > 1000
+    by_name = {}
+    for s, e, n in zip(starts, ends, mod.names, strict=True):
+        by_name.setdefault(n, []).append((s, e))
+    for s, e in zip(starts[::7], ends[::7], strict=True):
+        for addr in (s, e - 1):
+            name = mod.name(addr)
+            assert name is not None and any(a <= addr < b for a, b in by_name[name]), hex(addr)
+    assert mod.name(max(ends) + 4096) is None

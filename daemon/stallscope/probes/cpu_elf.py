@@ -20,8 +20,11 @@ raises (a failure is an unnamed leaf).
 import bisect
 import ctypes
 import ctypes.util
+import mmap
 import os
 import struct
+
+import numpy as np
 
 MAX_MODULES = 256
 MAX_DEMANGLED = 1 << 16
@@ -33,15 +36,44 @@ PT_LOAD = 1
 PF_X = 1
 
 
-class _Module:
-    """One ELF file's function symbols and load bias."""
+_SYM = np.dtype(
+    [
+        ("name", "<u4"),
+        ("info", "u1"),
+        ("other", "u1"),
+        ("shndx", "<u2"),
+        ("value", "<u8"),
+        ("size", "<u8"),
+    ]
+)  # fmt: skip  (Elf64_Sym, 24 bytes)
 
-    __slots__ = ("starts", "ends", "names", "bias")
+
+class _Module:
+    """One ELF file's function symbols and load bias.
+
+    The file is mapped, not read (libtorch_cpu.so is 414 MB with 380,438
+    functions: 0.09 s and no copy, against 2.8 s and a 562 MB peak for a
+    read and a Python loop), its symbol table filtered and sorted with
+    NumPy, and a name read from the mapped string table only when an
+    address resolves to it (the map stays open while the module is cached:
+    file pages, which the kernel may drop)."""
+
+    __slots__ = ("starts", "ends", "name_offs", "bias", "_names", "_map", "_str")
 
     def __init__(self, path):
-        self.starts, self.ends, self.names, self.bias = [], [], [], 0
+        self.starts = self.ends = self.name_offs = None
+        self.bias, self._names, self._map, self._str = 0, {}, None, (0, 0)
         with open(path, "rb") as f:
-            data = f.read()
+            if os.fstat(f.fileno()).st_size < 64:
+                return
+            data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        try:
+            self._load(data)
+        finally:
+            if self._map is None:
+                data.close()
+
+    def _load(self, data):
         if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
             return  # not a little-endian ELF64
         (phoff, shoff) = struct.unpack_from("<QQ", data, 32)
@@ -62,26 +94,53 @@ class _Module:
         if not table:
             return
         _, _, _, _, off, size, link, _, _, entsize = table[0]
-        stroff = sections[link][4]
-        syms = []
-        for pos in range(off, off + size, entsize or 24):
-            st_name, st_info, _, st_shndx, st_value, st_size = struct.unpack_from(
-                "<IBBHQQ", data, pos
-            )
-            if st_info & 0xF not in (STT_FUNC, STT_GNU_IFUNC) or not st_value or not st_shndx:
-                continue
-            end = data.index(b"\0", stroff + st_name)
-            syms.append((st_value, st_value + max(st_size, 1), data[stroff + st_name : end]))
-        syms.sort()
-        self.starts = [s[0] for s in syms]
-        self.ends = [s[1] for s in syms]
-        self.names = [s[2] for s in syms]
+        if entsize != _SYM.itemsize or off + size > len(data):
+            return
+        syms = np.frombuffer(data, dtype=_SYM, count=size // _SYM.itemsize, offset=off)
+        kind = syms["info"] & 0xF
+        keep = ((kind == STT_FUNC) | (kind == STT_GNU_IFUNC)) & (syms["value"] != 0)
+        keep &= syms["shndx"] != 0
+        funcs = syms[keep]
+        starts = funcs["value"]
+        ends = starts + np.maximum(funcs["size"], 1)
+        # by start, then end: of aliases at one address the widest is last,
+        # the one a lookup lands on (memcpy and its aliases, say)
+        order = np.lexsort((ends, starts))
+        self.starts = starts[order]
+        self.ends = ends[order]
+        self.name_offs = funcs["name"][order].astype(np.int64)
+        _, _, _, _, stroff, strsize, *_ = sections[link]
+        if stroff + strsize > len(data):
+            self.starts = self.ends = self.name_offs = None
+            return
+        self._map = data
+        self._str = (stroff, stroff + strsize)  # the string table's span in the file
+
+    @property
+    def names(self):
+        """Every function's name (bytes), in address order."""
+        if self.name_offs is None:
+            return []
+        out = []
+        for off in self.name_offs.tolist():
+            out.append(self._name_at(off))
+        return out
+
+    def _name_at(self, off):
+        start, limit = self._str[0] + off, self._str[1]
+        end = self._map.find(b"\0", start, limit)
+        return self._map[start : end if end >= 0 else limit]
 
     def name(self, elf_addr):
-        k = bisect.bisect_right(self.starts, elf_addr) - 1
-        if k >= 0 and elf_addr < self.ends[k]:
-            return self.names[k]
-        return None
+        if self.starts is None or not len(self.starts):
+            return None
+        k = int(np.searchsorted(self.starts, elf_addr, side="right")) - 1
+        if k < 0 or elf_addr >= int(self.ends[k]):
+            return None
+        got = self._names.get(k)
+        if got is None:
+            got = self._names[k] = self._name_at(int(self.name_offs[k]))
+        return got
 
 
 class _Demangler:
