@@ -316,12 +316,17 @@ def test_profile_of_slow_steps_names_their_extra_work(traced):
 
     slow = python_self(_profile(daemon, "--run", str(run_id), "--slow"))
     stage = python_self(_profile(daemon, "--run", str(run_id), "--stage", "decode"))
-    share = lambda c: c["slow_part"] / max(1, sum(c.values()))  # noqa: E731
-    # the slow steps are mostly the ones that call slow_part(): their CPU went there,
-    # more than in the stage's steps as a whole (fast_part in every step)
+    # the slow steps are mostly the ones that call slow_part(): their CPU went there
     assert slow.most_common(1)[0][0] == "slow_part", slow
     assert stage["fast_part"] > 0 and sum(stage.values()) > sum(slow.values())
-    assert share(slow) > share(stage) + 0.1, (slow, stage)
+    # and the slow steps hold a larger part of the stage's slow_part samples
+    # than of its fast_part ones (fast_part runs in every step). Not the
+    # share of slow_part within the slow steps: on a loaded VM most fast
+    # steps are slow too (one CI run: 718 of 964 fast_part samples in slow
+    # steps), which says how noisy the machine was, not what the profile read.
+    held = lambda name: slow[name] / max(1, stage[name])  # noqa: E731
+    assert held("slow_part") >= 0.9, (slow, stage)
+    assert held("slow_part") > held("fast_part") + 0.1, (slow, stage)
     none = _profile(daemon, "--run", str(run_id), "--stage", "no-such-stage")
     assert none.startswith("no CPU samples")
 
