@@ -21,7 +21,7 @@ import sys
 import threading
 import types
 
-from . import _expr, _gcknobs, _specs
+from . import _codegen, _expr, _gcknobs, _specs
 from ._probe import Probe
 from ._transport import _live_probes
 
@@ -41,10 +41,7 @@ EXPR_KEYWORDS = (
     "batch",
     "work",
     "idle",
-    "request",
-    "request_id",
-    "request_tokens",
-    "request_then",
+    *_codegen.REQUEST_KEYS,
 )  # checked early; others go to attach() as they are
 
 

@@ -19,16 +19,20 @@ import types
 from . import _expr
 from ._wrap import _prefix_for, resolver, shape_for
 
+# The factory both wrapper templates share: what build() hands each wrapper.
+_MAKE = """\
+def {p}make({p}p, {p}target, {p}owner, {p}self, {p}kid, {p}true_name, {p}sid, {p}pack,
+             {p}buf, {p}acquire, {p}release, {p}mono, {p}local, {p}int, {p}bool, {p}len,
+             {p}AttributeError, {p}Exception, {p}ids_get, {p}rec, {p}enter, {p}leave,
+             {p}request{defaults}):
+"""
+
 # Everything between the two timestamps is the user's call; everything after
 # is the tags and one record write, each guarded so that nothing of ours can
 # replace the call's own return value or exception. `{p}` is a prefix no
 # parameter name starts with, so the method's own names are free to use.
 _TEMPLATE = """
-def {p}make({p}p, {p}target, {p}owner, {p}self, {p}kid, {p}true_name, {p}sid, {p}pack,
-             {p}buf, {p}acquire, {p}release, {p}mono, {p}local, {p}int, {p}bool, {p}len,
-             {p}AttributeError, {p}Exception, {p}ids_get, {p}rec, {p}enter, {p}leave,
-             {p}request{defaults}):
-    {async_}def {p}wrapper({params}):
+{make}    {async_}def {p}wrapper({params}):
 {state}        {p}result = None
 {ok_init}{start}        try:
             {p}result = {await_}{p}target({call})
@@ -40,11 +44,7 @@ def {p}make({p}p, {p}target, {p}owner, {p}self, {p}kid, {p}true_name, {p}sid, {p
 # A request form (kind "request"): no span, only the request events of a
 # call that returned.
 _REQUEST_ONLY = """
-def {p}make({p}p, {p}target, {p}owner, {p}self, {p}kid, {p}true_name, {p}sid, {p}pack,
-             {p}buf, {p}acquire, {p}release, {p}mono, {p}local, {p}int, {p}bool, {p}len,
-             {p}AttributeError, {p}Exception, {p}ids_get, {p}rec, {p}enter, {p}leave,
-             {p}request{defaults}):
-    {async_}def {p}wrapper({params}):
+{make}    {async_}def {p}wrapper({params}):
         {p}result = None
         {p}ok = False
         {p}t0 = {p}mono()
@@ -266,6 +266,7 @@ def build(probe, plan, kid, exprs, consts, request_only=False):
     start = _START_C if c_start else _START
     finish = _FINISH_C if c_finish else _FINISH
     source = (_REQUEST_ONLY if request_only else _TEMPLATE).format(
+        make=_MAKE.format(p=prefix, defaults=defaults),
         p=prefix,
         defaults=defaults,
         async_="async " if is_async else "",
