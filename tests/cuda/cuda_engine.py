@@ -115,7 +115,7 @@ def steps(socket_path, lib_path, plan_path):
     while start_file and not os.path.exists(start_file):
         time.sleep(0.01)
     inject = {int(k): v for k, v in plan.get("inject", {}).items()}
-    starts, syncs = [], []
+    starts, syncs, launched = [], [], []
     for i in range(plan["steps"]):
         extra = inject.get(i, {})
         if extra.get("fifo"):
@@ -123,7 +123,11 @@ def steps(socket_path, lib_path, plan_path):
         t0 = probe.begin()
         starts.append(t0)
         cuda.lib.fake_set_launch_ns(int(extra.get("launch_ns", plan.get("launch_ns", 0))))
+        l0 = time.monotonic_ns()
         cuda.launch(int(extra.get("launches", plan["launches"])))
+        launched.append(
+            time.monotonic_ns() - l0
+        )  # the launch calls' wall time, as the engine saw it
         cuda.busy_for(int(extra.get("gpu_ns", plan["gpu_ns"])))
         how = extra.get("sync", plan["sync"])
         if how == "poll":
@@ -137,7 +141,8 @@ def steps(socket_path, lib_path, plan_path):
             realtime(False)
         time.sleep(plan.get("gap_s", 0.002))
     probe.close()
-    out = {"pid": os.getpid(), "tid": threading.get_native_id(), "starts": starts, "syncs": syncs}
+    out = {"pid": os.getpid(), "tid": threading.get_native_id(), "starts": starts,
+           "syncs": syncs, "launched": launched}  # fmt: skip
     print(json.dumps(out), flush=True)
 
 

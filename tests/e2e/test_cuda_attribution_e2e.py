@@ -22,7 +22,10 @@ seen) is host time a real driver could not tell from the GPU's either. A
 step whose such hidden overshoot is at least half the rest of its excess is
 the machine's: an injected one is left out, an uninjected one named
 `gpu_wait` is not counted against precision (both listed; at most 10 % and
-5 % of the steps).
+5 % of the steps). Likewise an uninjected step named `launch` whose launch
+calls took, by the engine's own clock, at least half its excess longer than
+its engine's median launch phase: the machine slowed the launches
+themselves (20 of them, normally ~0.3 ms), which is what `launch` says.
 """
 
 import json
@@ -132,11 +135,13 @@ def test_gpu_waits_and_launch_storms_are_named(daemon, tmp_path):
             "SELECT start_ns, end_ns FROM offcpu WHERE pid = ? AND tid = ?",
             [eng["pid"], eng["tid"]],
         )
+        quiet = [eng["launched"][i] for i in range(STEPS) if i not in GPU_STEPS | STORM_STEPS]
+        launch_median = sorted(quiet)[len(quiet) // 2]
         for i, t0 in enumerate(eng["starts"]):
             _, cause, gpu_wait, _, blocked, launches, sync_ns, excess, competing, who = by_start[t0]
             key = (sync, i)
             predicted[key] = cause
-            shape[key] = (ms(sync_ns), ms(excess), ms(competing), who)  # for the failure message
+            shape[key] = (ms(sync_ns), ms(excess), ms(competing), who, ms(eng["launched"][i]))
             # every launch counted, in its own step
             assert launches == (STORM["launches"] if i in STORM_STEPS else 20), (key, launches)
             if i in GPU_STEPS:
@@ -147,6 +152,12 @@ def test_gpu_waits_and_launch_storms_are_named(daemon, tmp_path):
                 if sync == "sleep":
                     # the sleep is the GPU's: not left in blocked
                     assert (blocked or 0) < 0.1 * gpu_wait, (key, blocked, gpu_wait)
+            slowed = eng["launched"][i] - launch_median
+            if i not in GPU_STEPS | STORM_STEPS and cause == "launch" and excess > 0:
+                if slowed >= excess / 2:  # the launch calls themselves were slow
+                    excused.append((key, ms(slowed), "launch calls"))
+                    del predicted[key]
+                    continue
             hidden = hidden_overshoot_ns(*eng["syncs"][i], off)
             if hidden >= (excess - hidden) / 2 and excess > 0:  # the machine's, unseen
                 if i not in GPU_STEPS | STORM_STEPS:
@@ -164,7 +175,7 @@ def test_gpu_waits_and_launch_storms_are_named(daemon, tmp_path):
             truth[key] = "gpu_wait" if i in GPU_STEPS else "launch"
     injected = len(GPU_STEPS | STORM_STEPS) * len(engines)
     report = f"{len(left)} of {injected} injections left out for CPU contention: {left}"
-    report += f"; {len(excused)} uninjected steps named gpu_wait for hidden host time: {excused}"
+    report += f"; {len(excused)} uninjected steps named for the machine's time: {excused}"
     assert len(left) <= 0.10 * injected, f"the machine was too busy to tell the causes: {report}"
     assert len(excused) <= 0.05 * (STEPS * len(engines) - injected), report
     for name in ("gpu_wait", "launch"):

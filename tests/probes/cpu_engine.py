@@ -11,7 +11,11 @@ Modes:
            sits at the same address; phase 3 rewrites phase 2's
            co_firstlineno in place (same address, another checksum)
   steps    the main thread runs "step" spans (stage "decode"): every 10th
-           also calls slow_part(), the others only fast_part()
+           also calls slow_part() (20x fast_part's work, so the slow steps
+           hold two thirds of the CPU), the others only fast_part(); a fast
+           step lasts ~0.5 ms, so the cost of the sample that lands in it
+           cannot by itself lift it over 1.2x its baseline (at 0.1 ms, on
+           a loaded VM, every sampled fast step was slow)
   idle     nothing but the probe (its flusher and report)
 
 It connects, waits until its thread-state report went out, says
@@ -115,14 +119,14 @@ def reuse(seconds):
 
 def fast_part():
     x = 0
-    for i in range(3000):  # LINE_FAST
+    for i in range(20000):  # LINE_FAST
         x += i
     return x
 
 
 def slow_part():
     x = 0
-    for i in range(30000):  # LINE_SLOW
+    for i in range(400000):  # LINE_SLOW
         x += i
     return x
 

@@ -108,7 +108,8 @@ def test_inconsistent_reports_are_counted_by_reason(daemon):
     finally:
         ev.set()
         mine.join()
-    assert daemon.stop()[0] == 0
+    rc, _ = daemon.stop()
+    assert rc == 0, daemon.read_log()[-4000:]
     errors = dict(daemon.query("SELECT reason, sum(count) FROM ingest_errors GROUP BY ALL"))
     assert errors == {
         "bad_pylayout": 1,

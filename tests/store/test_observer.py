@@ -127,6 +127,30 @@ def test_every_daemon_thread_runs_at_the_priority_of_its_role(tmp_path):
     assert rc == 0, d.read_log()
 
 
+def test_stopping_raises_the_threads_sweep_moved_to_idle():
+    """A process exits once each of its threads has run again to die; on busy
+    CPUs an idle-priority thread waits seconds for that. Stopping raises the
+    threads that registered no role (DuckDB's jemalloc thread held a test
+    daemon's exit 1.5-7 s after a 0.1 s shutdown under two CPU hogs, past
+    the tests' 10 s in CI), not only the registered ones."""
+    import threading
+
+    from stallscope import threads
+
+    require_privileged(os.geteuid() == 0, "raising a thread from SCHED_IDLE needs root")
+    ev = threading.Event()
+    foreign = threading.Thread(target=ev.wait, name="a-library-thread")
+    foreign.start()
+    try:
+        threads.sweep()
+        assert os.sched_getscheduler(foreign.native_id) == os.SCHED_IDLE
+        assert threads.boost_all() >= 1
+        assert os.sched_getscheduler(foreign.native_id) == os.SCHED_OTHER
+    finally:
+        ev.set()
+        foreign.join()
+
+
 @pytest.mark.skipif(len(CPUS) < 2, reason="needs two CPUs")
 def test_a_pinned_engine_is_never_preempted_by_the_daemon(tmp_path):
     """The engine's step thread pinned to one CPU at 200 steps/s (4 spans, ~2.5
