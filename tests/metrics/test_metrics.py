@@ -278,3 +278,48 @@ def test_request_ttft_and_itl_histograms_across_batches(metrics):
     le = frozenset({("run_label", "svc"), ("le", repr(0.05))})
     assert got[("stallscope_request_itl_seconds_bucket", le)] == 3
     assert (7, 1) not in metrics._requests.open and (7, 2) in metrics._requests.open
+
+
+def test_histograms_and_request_feed_share_one_fold(tmp_path, monkeypatch):
+    """With /metrics and the API both on, each request_events batch is folded
+    once (the daemon's RequestFolder) and both readers get what it gave: the
+    histograms their samples, the feed its ended requests; a reader that
+    closed gets nothing more, the other still does."""
+    from stallscope.store import request_ends
+
+    folds = []
+    real_fold = request_ends.RequestEnds.fold
+    monkeypatch.setattr(
+        request_ends.RequestEnds, "fold", lambda self, b: folds.append(b) or real_fold(self, b)
+    )
+    store = Store(tmp_path / "m.duckdb")
+    try:
+        ingest = types.SimpleNamespace(runs={7: object()}, status=lambda: {})
+        daemon = types.SimpleNamespace(store=store, ingest=ingest, probes=[])
+        folder = request_ends.RequestFolder()
+        finished = []
+        fanout = types.SimpleNamespace(on_batch=lambda table, b: finished.append(b.to_pylist()))
+        feed = request_ends.RequestFinishedFeed(fanout, folder)
+        metrics = Metrics(daemon, max_label_values=3, folder=folder)
+        for listener in (metrics.on_batch, feed.on_batch, folder.on_batch):  # the store's order
+            listener("runs", pa.table({"run_id": [7], "label": ["svc"]}))
+        one = _events([(7, 1, "arrived", 0), (7, 1, "token", 30), (7, 1, "token", 40)])
+        two = _events([(7, 1, "token", 45), (7, 1, "finished", 50)])
+        for batch in (one, two):
+            for listener in (metrics.on_batch, feed.on_batch, folder.on_batch):
+                listener("request_events", batch)
+        assert len(folds) == 2  # once per batch, not once per reader
+        got = _collect(metrics)
+        assert total(got, "stallscope_request_ttft_seconds_count", run_label="svc") == 1
+        assert total(got, "stallscope_request_itl_seconds_count", run_label="svc") == 2
+        ((end,),) = finished
+        assert (end["request_id"], end["ttft_ns"], end["e2e_ns"]) == (1, 30 * MS, 50 * MS)
+        metrics.close()
+        folder.on_batch("request_events", _events([(7, 2, "token", 60), (7, 2, "aborted", 61)]))
+        assert len(finished) == 2 and len(folds) == 3
+        assert total(_collect(metrics), "stallscope_request_itl_seconds_count") == 2
+        feed.close()
+        folder.on_batch("request_events", _events([(7, 3, "token", 70)]))
+        assert len(folds) == 3  # no reader left: nothing folded
+    finally:
+        store.close()

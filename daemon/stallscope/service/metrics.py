@@ -8,7 +8,8 @@ rest (records stored, lost and rejected, probe states, the daemon's CPU and
 memory) is read when Prometheus scrapes (`metrics_scrape.py`). Slow steps
 by cause are the API's live stall detector's alerts (store/alerts.py), handed
 to `fold_alerts`. Request TTFT and inter-token latency come from
-`request_events` batches through a RequestEnds (store/request_ends.py). Labels are bounded: run label and stage keep their first
+`request_events` batches, folded once by the daemon's RequestFolder
+(store/request_ends.py). Labels are bounded: run label and stage keep their first
 `max_label_values` values each and fold the rest into "other"; no pid, tid
 or run id label exists. docs/metrics.md lists every metric. It never
 writes to the database and never blocks a producer on a scrape.
@@ -27,7 +28,7 @@ from prometheus_client.core import (
 
 from stallscope.service import metrics_scrape as scrape
 from stallscope.service.metrics_scrape import GPU_FIELDS, counter
-from stallscope.store.request_ends import RequestEnds
+from stallscope.store.request_ends import RequestFolder
 from stallscope.vocab.log_channels import log_channel
 
 log = logging.getLogger(log_channel(__name__))
@@ -98,25 +99,25 @@ class _Histograms:
 
 
 class RequestLatency:
-    """The two histograms, fed by a RequestEnds (store/request_ends.py).
+    """The two histograms, fed by a RequestFolder's `Folded` batches
+    (store/request_ends.py).
 
-    Not locked itself: the caller (`Metrics`) holds its lock around `fold`
+    Not locked itself: the caller (`Metrics`) holds its lock around `add`
     and the families."""
 
-    def __init__(self, histograms):
+    def __init__(self, histograms, folder):
         self.ttft = histograms(TTFT_BUCKETS_S)  # (run_label,)
         self.itl = histograms(ITL_BUCKETS_S)
-        self.ends = RequestEnds()
+        self.folder = folder
         self.waiting = {}  # run_id -> {histogram: [it, counts, sum_ns]} until its label is known
 
     @property
     def open(self):
-        return self.ends.open
+        return self.folder.ends.open
 
-    def fold(self, batch, label_of):
-        """Add a request_events batch; label_of(run_id) gives the bounded label
-        (None: not known yet)."""
-        f = self.ends.fold(batch)
+    def add(self, f, label_of):
+        """Add one folded request_events batch; label_of(run_id) gives the
+        bounded label (None: not known yet)."""
         self._add(self.itl, f.itl_runs, f.itl_ns, label_of)
         self._add(self.ttft, f.ttft_runs, f.ttft_ns, label_of)
 
@@ -185,7 +186,10 @@ def _np(column):
 class Metrics:
     """The daemon's metrics: a store listener plus a Prometheus collector."""
 
-    def __init__(self, daemon, max_label_values=DEFAULT_MAX_LABEL_VALUES):
+    def __init__(self, daemon, max_label_values=DEFAULT_MAX_LABEL_VALUES, folder=None):
+        """`folder`: the daemon's RequestFolder (it then folds the request
+        batches, shared with the API's feed); without one, Metrics folds its
+        own from the batches `on_batch` sees."""
         self.daemon = daemon
         self._lock = threading.Lock()
         self._run_label = _Bounded(max_label_values)
@@ -194,7 +198,11 @@ class Metrics:
         self._steps = _Histograms(STEP_BUCKETS_S)  # (run_label, stage)
         self._unlabelled = {}  # run_id -> {stage: [counts, sum_ns]} until its label is known
         self._gc = _Histograms(GC_BUCKETS_S)  # (generation,)
-        self._requests = RequestLatency(_Histograms)  # TTFT and ITL by run label
+        self._own_folder = folder is None
+        self._requests = RequestLatency(  # TTFT and ITL by run label
+            _Histograms, RequestFolder() if folder is None else folder
+        )
+        self._requests.folder.subscribe(self._add_requests)
         self._gc_collected = {}  # generation -> objects
         self._offcpu_s = {"preempted": 0.0, "blocked": 0.0}
         self._offcpu_intervals = {"preempted": 0, "blocked": 0}
@@ -273,8 +281,20 @@ class Metrics:
                     entry[1] += float(sums[k])
 
     def _fold_request_events(self, batch):
+        if self._own_folder:  # else the daemon's folder has it, once for every reader
+            self._requests.folder.on_batch("request_events", batch)
+
+    def _fold_requests(self, batch):
+        if self._own_folder:
+            self._requests.folder.on_batch("requests", batch)
+
+    def _add_requests(self, folded):
         with self._lock:
-            self._requests.fold(batch, self._labels.get)
+            self._requests.add(folded, self._labels.get)
+
+    def close(self):
+        """Stop reading the folder (it may outlive this Metrics)."""
+        self._requests.folder.unsubscribe(self._add_requests)
 
     def _fold_gc(self, batch):
         gens = _np(batch["generation"]).astype(np.int64)
@@ -429,6 +449,7 @@ _FOLDERS = {
     "spans": Metrics._fold_spans,
     "gc_events": Metrics._fold_gc,
     "request_events": Metrics._fold_request_events,
+    "requests": Metrics._fold_requests,
     "offcpu": Metrics._fold_offcpu,
     "nvml_samples": Metrics._fold_gpu,
 }

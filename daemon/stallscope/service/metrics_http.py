@@ -98,7 +98,8 @@ class MetricsServer:
     def __init__(self, daemon, listen, max_label_values):
         host, port = parse_listen(listen)
         self.daemon = daemon
-        self.metrics = Metrics(daemon, max_label_values=max_label_values)
+        folder = daemon.request_folder() if hasattr(daemon, "request_folder") else None
+        self.metrics = Metrics(daemon, max_label_values=max_label_values, folder=folder)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self.metrics)
         try:
@@ -124,6 +125,7 @@ class MetricsServer:
 
     def stop(self):
         self.daemon.store.remove_listener(self.metrics.on_batch)
+        self.metrics.close()
         if self.alerts is not None:
             self.alerts.stop()
         self.httpd.shutdown()

@@ -443,10 +443,21 @@ class Daemon:
             raise
         self.store.add_listener(self.fanout.on_batch)
         # RequestFinished events: each traced request's end, with its latency
-        self.request_feed = RequestFinishedFeed(self.fanout)
-        self.store.add_listener(self.request_feed.on_batch)
+        self.request_feed = RequestFinishedFeed(self.fanout, self.request_folder())
         if self.hangs is not None:  # Hung events: the watchdog's episodes, live
             self.hangs.listeners.append(self.hangs.to_fanout(self.fanout))
+
+    def request_folder(self):
+        """The one RequestFolder of this daemon (a store listener from the
+        first call): the API's RequestFinished feed and the /metrics request
+        histograms read its folds, so each batch is folded once."""
+        folder = getattr(self, "_request_folder", None)
+        if folder is None:
+            from stallscope.store.request_ends import RequestFolder
+
+            folder = self._request_folder = RequestFolder()
+            self.store.add_listener(folder.on_batch)
+        return folder
 
     def _stop_live(self):
         """Nothing more reaches the subscribers (the API's stop then closes
@@ -454,7 +465,7 @@ class Daemon:
         self.store.remove_listener(self.fanout.on_batch)
         feed = getattr(self, "request_feed", None)
         if feed is not None:
-            self.store.remove_listener(feed.on_batch)
+            feed.close()
         self.detector.stop()
 
     # ----- main loop -------------------------------------------------------------

@@ -12,14 +12,21 @@ latency as `request_latency` computes it (TTFT = first token - arrival;
 unknown when the arrival came from another process or before the daemon
 started). At most MAX_OPEN requests are remembered, the oldest forgotten
 first, so an engine that never ends its requests costs bounded memory.
-`learn_text` takes `requests` batches for the str ids' text.
+`learn_text` takes `requests` batches for the str ids' text. A daemon holds
+one `RequestFolder`: the store listener that folds each batch once and hands
+the result to every reader (the histograms, the feed), so a daemon serving
+both /metrics and the API follows its requests once, not once per reader.
 """
 
+import logging
+import threading
 from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+
+log = logging.getLogger("stallscope.store")
 
 MAX_OPEN = 100_000
 _KEPT = pa.array(["arrived", "token", "finished", "aborted"])
@@ -149,19 +156,64 @@ def ended_table(ended):
     return pa.table(cols)
 
 
-class RequestFinishedFeed:
-    """A store listener: each request that ends becomes a `request_finished`
-    batch for the fanout (event kind REQUEST_FINISHED, the proto's
-    RequestFinished)."""
+class RequestFolder:
+    """A store listener holding one RequestEnds: each `requests` batch is
+    learnt and each `request_events` batch folded once, on the producer's
+    thread, and the `Folded` handed to every subscriber in turn (a callable;
+    it must not block). With no subscriber nothing is folded. A subscriber
+    that raises is logged and the others still get the batch."""
 
-    def __init__(self, fanout):
-        self.fanout = fanout
-        self.ends = RequestEnds()
+    def __init__(self, max_open=MAX_OPEN):
+        self.ends = RequestEnds(max_open)
+        self._subscribers = []
+        self._lock = threading.Lock()  # subscribe/unsubscribe against on_batch
+
+    def subscribe(self, fn):
+        with self._lock:
+            self._subscribers = [*self._subscribers, fn]
+
+    def unsubscribe(self, fn):
+        with self._lock:
+            self._subscribers = [f for f in self._subscribers if f != fn]
+
+    @property
+    def subscribers(self):
+        return len(self._subscribers)
 
     def on_batch(self, table, batch):
+        subscribers = self._subscribers  # replaced, never changed in place
+        if not subscribers:
+            return
         if table == "requests":
             self.ends.learn_text(batch)
         elif table == "request_events" and batch.num_rows:
-            ended = self.ends.fold(batch).ended
-            if ended:
-                self.fanout.on_batch("request_finished", ended_table(ended))
+            folded = self.ends.fold(batch)
+            for fn in subscribers:
+                try:
+                    fn(folded)
+                except Exception:
+                    log.exception("a reader of request ends failed on a batch; continuing")
+
+
+class RequestFinishedFeed:
+    """Each request that ends becomes a `request_finished` batch for the
+    fanout (event kind REQUEST_FINISHED, the proto's RequestFinished). Fed
+    by `folder` (the daemon's RequestFolder) when given; else by its own,
+    through `on_batch` as a store listener."""
+
+    def __init__(self, fanout, folder=None):
+        self.fanout = fanout
+        self.own = folder is None
+        self.folder = RequestFolder() if folder is None else folder
+        self.folder.subscribe(self.on_folded)
+
+    def on_batch(self, table, batch):
+        if self.own:
+            self.folder.on_batch(table, batch)
+
+    def on_folded(self, folded):
+        if folded.ended:
+            self.fanout.on_batch("request_finished", ended_table(folded.ended))
+
+    def close(self):
+        self.folder.unsubscribe(self.on_folded)
