@@ -26,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-log = logging.getLogger("stallscope.store")
+log = logging.getLogger(__name__)
 
 MAX_OPEN = 100_000
 _KEPT = pa.array(["arrived", "token", "finished", "aborted"])
