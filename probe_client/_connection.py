@@ -11,8 +11,10 @@ thread; never from a GC callback, never blocking: a full socket makes a
 name wait for the next flush, an error drops the connection.
 """
 
+import array
 import gc as _gc
 import json
+import mmap
 import os
 import signal
 import socket
@@ -34,6 +36,7 @@ CONTROL_QUEUE_MAX = 64  # EVENT and CENSUS datagrams waiting for a connection
 _monotonic_ns = time.monotonic_ns
 _native_id = threading.get_native_id
 _pack_header = wire.HEADER.pack_into
+_pack_tally = wire.TALLY.pack_into
 _HDR = wire.HEADER_SIZE
 _RS = wire.RECORD_SIZE
 _U32 = wire.U32_MAX
@@ -89,7 +92,14 @@ class Connection:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
             sock.setblocking(False)
             sock.connect(self.socket_path)
-            sock.send(self._hello(), socket.MSG_NOSIGNAL)
+            if self._tally_fd < 0:
+                self._open_tally()
+            if self._tally_fd >= 0:
+                fds = array.array("i", [self._tally_fd])
+                ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)]
+                sock.sendmsg([self._hello()], ancillary, socket.MSG_NOSIGNAL)
+            else:
+                sock.send(self._hello(), socket.MSG_NOSIGNAL)
         except OSError as exc:
             if sock is not None:
                 sock.close()
@@ -113,6 +123,37 @@ class Connection:
 
             self._write = _send
         return True
+
+    def _open_tally(self):
+        """The tally page (wire.TALLY): a one-page memfd, mapped here, passed
+        with each HELLO. Without memfd (not Linux, a seccomp filter) there is
+        none and a tail lost without a BYE stays unreported, as before."""
+        fd = -1
+        try:
+            fd = os.memfd_create(wire.TALLY_NAME, os.MFD_CLOEXEC)
+            os.ftruncate(fd, mmap.PAGESIZE)
+            self._tally = mmap.mmap(fd, mmap.PAGESIZE)
+        except (AttributeError, OSError, ValueError):
+            if fd >= 0:
+                os.close(fd)
+            return
+        self._tally_fd = fd
+        _pack_tally(self._tally, 0, self._seq, 0)
+
+    def _drop_tally(self):
+        """After fork: the page is the parent's (the child makes its own)."""
+        tally, fd = self._tally, self._tally_fd
+        self._tally, self._tally_fd = None, -1
+        if fd >= 0:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        if tally is not None:
+            try:
+                tally.close()
+            except (OSError, BufferError):
+                pass
 
     def _send_strings(self):
         while self._strings_sent < len(self._names):

@@ -50,6 +50,7 @@ _monotonic_ns = time.monotonic_ns
 _native_id = threading.get_native_id
 _pack_header = wire.HEADER.pack_into
 _pack_ext = wire.EXT_RECORD.pack_into
+_pack_tally = wire.TALLY.pack_into
 _REC_SPAN_EXT = wire.REC_SPAN_EXT
 _REC_COUNTERS = wire.REC_COUNTERS
 _HDR = wire.HEADER_SIZE
@@ -89,6 +90,8 @@ class Transport(Connection):
         self._next_connect_ns = 0
         self._control = []  # EVENT and CENSUS datagrams not yet sent (_connection.py)
         self._conn_gen = 0  # connections made so far (_connection.py counts)
+        self._tally = None  # the tally page's mapping (wire.TALLY; _connection.py)
+        self._tally_fd = -1
 
     def _init_pythreads(self, pythreads):
         """The thread-state report: on unless `pythreads` is False or
@@ -209,6 +212,8 @@ class Transport(Connection):
                 return
             self._gc_lost = 0
             self._seq += lost
+            if self._tally is not None:
+                _pack_tally(self._tally, 0, self._seq, 0)
             self.drops_gc_ring += lost
             self._start_buffer_locked()
 
@@ -251,6 +256,8 @@ class Transport(Connection):
                     self.drops_full += n_seq
                 self._seq += n_seq
                 self._reset_buffer_locked(now)
+                if self._tally is not None:
+                    _pack_tally(self._tally, 0, self._seq, 0)
                 return True
         _pack_header(
             self._buf,
@@ -280,6 +287,8 @@ class Transport(Connection):
             self._next_connect_ns = now + RECONNECT_INTERVAL_NS
         self._seq += n_seq
         self._reset_buffer_locked(now)
+        if self._tally is not None:  # one 16-byte store in a mapped page, no syscall
+            _pack_tally(self._tally, 0, self._seq, 0)
         return True
 
     def _reset_buffer_locked(self, now):
@@ -294,7 +303,16 @@ class Transport(Connection):
         """Send what is left, then BYE, waiting for socket space at most
         `close_wait_ns` in all (the only wait the probe ever makes: at close
         and exit, never on the hot path). What still does not fit is a
-        counted drop, and the BYE's sequence number reports it."""
+        counted drop, and the BYE's sequence number reports it; so does the
+        tally page, marked closed, where the BYE itself did not fit."""
+        try:
+            self._send_to_close()
+        finally:
+            with self._lock:
+                if self._tally is not None:
+                    _pack_tally(self._tally, 0, self._seq, 1)
+
+    def _send_to_close(self):
         deadline = _monotonic_ns() + self.close_wait_ns
         final = self.close_wait_ns <= 0
         while True:
@@ -361,6 +379,7 @@ class Transport(Connection):
             except OSError:
                 pass
         self._reset_run_state()
+        self._drop_tally()  # the parent's page: the child's run gets its own
         self._control = []  # the parent's events and census belong to the parent's run
         self._pyreporter = None  # the parent's checks and thread states are not ours
         self._pyreport_gen = 0

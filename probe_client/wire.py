@@ -73,6 +73,14 @@ MAX_RECORDS = 511
 DATAGRAM_MAX = HEADER_SIZE + MAX_RECORDS * RECORD_SIZE
 HELLO_MAX = 16384
 
+# The tally page: a memfd the client may pass with its HELLO (SCM_RIGHTS,
+# one descriptor), in which it keeps, after each send and at close, the
+# next sequence number it would use and whether it has closed. The daemon
+# reads it when a connection ends without a BYE (a full socket at close, a
+# killed process), so such a tail is counted too. u64 next_seq, u64 closed.
+TALLY = struct.Struct("<QQ")
+TALLY_NAME = "stallscope-tally"  # the memfd's name, as /proc/PID/fd shows it
+
 U32_MAX = 0xFFFFFFFF
 
 # A run event (a spec that could not be attached, a target that was): header

@@ -132,3 +132,112 @@ def test_daemon_paused_at_client_exit_tail_is_stored_or_reported(tmp_path, figur
     assert g["drops_full"] > 0, g  # the pause did fill the socket
     assert g["stored"] + g["lost"] == g["made"], g
     figures.update(how=how, made=g["made"], stored=g["stored"], reported_lost=g["lost"])
+
+
+@pytest.mark.parametrize("how", ["close", "exit", "killed"])
+def test_tail_without_bye_is_reported_from_the_tally_page(tmp_path, figures, how):
+    """The daemon stays stopped (SIGSTOP) until after the client has gone:
+    its close() waits 50 ms for socket space, then drops the rest and its
+    BYE does not fit either (or, `killed`, SIGKILL ends it without a
+    close). No BYE says how many records followed the last datagram; the
+    tally page the HELLO passed does (a memfd the client keeps its next
+    sequence number in), and the daemon reads it when the connection ends.
+    Made = stored + reported lost, exactly; without the page the tail was
+    lost unreported (stored + lost < made)."""
+    d = Daemon(tmp_path).start()
+    mark = str(tmp_path / "mark")
+    good = None
+    try:
+        # killed: 10,000 steps over 3 s, so it still runs 1 s after the pause
+        # began, its socket full after ~0.6 s of it (~46 datagrams)
+        steps, seconds = ("10000", "3.0") if how == "killed" else ("5000", "1.5")
+        good = subprocess.Popen(
+            [sys.executable, TAIL, d.socket, steps, seconds, "--mark", "0.5", mark]
+            + (["--exit"] if how == "exit" else []),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "STALLSCOPE_CLOSE_WAIT_MS": "50"},
+        )
+        assert wait_for(lambda: os.path.exists(mark), timeout_s=60)
+        d.proc.send_signal(signal.SIGSTOP)
+        try:
+            if how == "killed":
+                time.sleep(1.0)  # its socket fills, then it dies mid-run
+                good.kill()
+                good.wait(timeout=60)
+                stats = None
+            else:
+                out, err = good.communicate(timeout=120)
+                assert good.returncode == 0, err
+                stats = json.loads(out.strip().splitlines()[-1])
+        finally:
+            d.proc.send_signal(signal.SIGCONT)
+        if stats is not None:
+            assert stats["drops_full"] > 0, stats  # the pause did fill the socket
+        assert d.stop(timeout_s=60)[0] == 0
+    finally:
+        if good is not None and good.poll() is None:
+            good.kill()
+        if d.proc.poll() is None:
+            d.proc.kill()
+    tail = d.scalar(
+        "SELECT coalesce(sum(count), 0)::BIGINT FROM losses WHERE reason = 'client_tail'"
+    )
+    if stats is None:
+        # killed: what it made is unknown here, but every numbered record is
+        # stored or lost, and the tail after the last datagram is counted
+        (run_id,) = d.query("SELECT run_id FROM runs WHERE pid = ?", [good.pid])[0]
+        stored = d.scalar("SELECT count(*) FROM spans WHERE run_id = ?", [run_id])
+        lost = d.scalar(
+            "SELECT coalesce(sum(count), 0)::BIGINT FROM losses WHERE run_id = ?", [run_id]
+        )
+        last = d.scalar("SELECT last_seq FROM runs WHERE run_id = ?", [run_id])
+        assert tail > 0 and stored > 0, (stored, lost, tail)
+        assert stored + lost > last, (stored, lost, last)  # seq numbers start at 0
+        figures.update(how=how, stored=stored, reported_lost=lost, tail_lost=tail)
+        return
+    (g,) = reconcile(d, [stats])
+    assert g["made"] == 3 * 5000
+    assert tail > 0, g  # the BYE did not land: the page said it
+    assert g["stored"] + g["lost"] == g["made"], g
+    figures.update(how=how, made=g["made"], stored=g["stored"], reported_lost=g["lost"],
+                   tail_lost=tail)  # fmt: skip
+
+
+def test_a_descriptor_that_is_not_a_tally_page_is_refused_and_the_run_goes_on(tmp_path):
+    """A HELLO may pass one descriptor; anything but a client's tally memfd
+    (a pipe, a memfd of another name, one too small) is closed at once and
+    counted as `bad_tally`, and the run is served as any other."""
+    import array
+    import socket
+
+    from probe_client import wire
+
+    d = Daemon(tmp_path).start()
+    header = wire.HEADER.pack(wire.MAGIC, wire.VERSION, wire.DGRAM_HELLO, 0, wire.RECORD_SIZE,
+                              0, time.monotonic_ns(), 0, 0)  # fmt: skip
+    r, w = os.pipe()
+    other = os.memfd_create("not-a-tally")
+    os.ftruncate(other, 4096)
+    small = os.memfd_create(wire.TALLY_NAME)  # the right name, zero bytes long
+    try:
+        for i, fd in enumerate((r, other, small)):
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            s.connect(d.socket)
+            hello = header + json.dumps({"run_token": 100 + i}).encode()
+            fds = array.array("i", [fd])
+            s.sendmsg([hello], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
+            s.send(wire.HEADER.pack(wire.MAGIC, wire.VERSION, wire.DGRAM_BYE, 0, wire.RECORD_SIZE,
+                                    0, time.monotonic_ns(), 0, 0))  # fmt: skip
+            s.recv(10)  # the daemon's end of the connection
+            s.close()
+        assert d.stop(timeout_s=60)[0] == 0
+    finally:
+        for fd in (r, w, other, small):
+            os.close(fd)
+        if d.proc.poll() is None:
+            d.proc.kill()
+    errors = dict(d.query("SELECT reason, sum(count) FROM ingest_errors GROUP BY ALL"))
+    assert errors == {"bad_tally": 3}, errors
+    assert d.scalar("SELECT count(*) FROM runs") == 3

@@ -9,11 +9,13 @@ reason, and never disturbs other connections. Never blocks: sockets are
 non-blocking and the loop is driven by a selector.
 """
 
+import array
 import errno
 import logging
 import os
 import selectors
 import socket
+import stat
 import struct
 import threading
 import time
@@ -60,6 +62,8 @@ _TYPE_REQUEST_TEXT = bytes([wire.REC_REQUEST_TEXT])
 _V2_TYPES = (wire.REC_SPAN_EXT, wire.REC_COUNTERS)
 _V4_TYPES = (wire.REC_REQUEST, wire.REC_REQUEST_TEXT)
 _U64 = struct.Struct("<Q")
+# A HELLO may carry one descriptor: the client's tally page (wire.TALLY).
+_CMSG_ONE_FD = socket.CMSG_SPACE(array.array("i").itemsize)
 
 
 class Connection:
@@ -75,6 +79,8 @@ class Connection:
         "window_start",
         "window_datagrams",
         "rate",
+        "first",
+        "tally_fd",
     )
 
     def __init__(self, sock, pid, uid, gid):
@@ -91,6 +97,8 @@ class Connection:
         self.window_start = time.monotonic()
         self.window_datagrams = 0
         self.rate = None
+        self.first = True  # its first datagram (the HELLO) not read yet
+        self.tally_fd = -1  # the client's tally page, when its HELLO passed one
 
     def datagram_rate(self, now):
         """Its datagrams a second: the larger of the last complete window's
@@ -175,6 +183,7 @@ class Ingest(RunRegistry, RecordDecoder, RequestDecoder, CensusIngest, PyStateIn
         self.datagrams = 0
         self._peak_read = 0  # most datagrams one connection had queued in a round
         self.records_received = 0
+        self.tally_tails = 0  # tails counted from a tally page (no BYE came)
         self.lost_records = 0
         self._lock = threading.Lock()  # guards run state between loop and decode
         self._progress = {}  # run_id -> (last_seq, records): progress_statements
@@ -329,7 +338,7 @@ class Ingest(RunRegistry, RecordDecoder, RequestDecoder, CensusIngest, PyStateIn
         # so one busy client cannot starve the others.
         for n in range(DATAGRAMS_PER_ROUND):
             try:
-                data = sock.recv(_RECV_MAX)
+                data = self._recv_first(conn) if conn.first else sock.recv(_RECV_MAX)
             except (BlockingIOError, InterruptedError):
                 self._peak_read = max(self._peak_read, n)
                 return
@@ -350,6 +359,53 @@ class Ingest(RunRegistry, RecordDecoder, RequestDecoder, CensusIngest, PyStateIn
                 return
         self._peak_read = DATAGRAMS_PER_ROUND
         return True  # the bound was hit: more may be waiting
+
+    def _recv_first(self, conn):
+        """The connection's first datagram, with the descriptor a HELLO may
+        pass (the tally page). A descriptor that is not a client's tally
+        memfd is closed and counted (`bad_tally`); more than one cannot
+        arrive (the control buffer holds one; the kernel closes the rest)."""
+        data, ancillary, _flags, _addr = conn.sock.recvmsg(_RECV_MAX, _CMSG_ONE_FD)
+        conn.first = False
+        for level, kind, payload in ancillary:
+            if level != socket.SOL_SOCKET or kind != socket.SCM_RIGHTS:
+                continue
+            fds = array.array("i")
+            fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
+            for fd in fds:
+                if conn.tally_fd < 0 and _is_tally(fd):
+                    conn.tally_fd = fd
+                    continue
+                os.close(fd)
+                self._reject(None, conn.pid, "bad_tally")
+        return data
+
+    def _tally_tail(self, conn):
+        """A connection that ended without a BYE: when its client closed (the
+        page says so) or its process is gone, and no other connection of the
+        run is open, records the page numbers beyond the last datagram read
+        are the run's tail (`client_tail`), lost like a BYE's. A client that
+        lives on will reconnect and its next datagram shows the gap."""
+        run = conn.run
+        try:
+            raw = os.pread(conn.tally_fd, wire.TALLY.size, 0)
+        except OSError:
+            return
+        if len(raw) < wire.TALLY.size or run is None:
+            return
+        next_seq, closed = wire.TALLY.unpack(raw)
+        if next_seq >= SEQ_LIMIT or not (closed == 1 or _process_gone(conn.pid)):
+            return
+        if any(c.run is run for c in self.conns.values()):
+            return
+        with self._lock:
+            if next_seq > run.expected_seq:
+                now = time.monotonic_ns()
+                self._loss(run, next_seq - run.expected_seq, run.last_sent_ns or now, now,
+                           "client_tail")  # fmt: skip
+                run.expected_seq = next_seq
+                run.unflushed = True
+                self.tally_tails += 1
 
     def drain(self):
         """Read everything already queued on every connection (shutdown)."""
@@ -522,6 +578,11 @@ class Ingest(RunRegistry, RecordDecoder, RequestDecoder, CensusIngest, PyStateIn
             conn.sock.detach()  # the number is someone else's now: never close it
         else:
             conn.sock.close()
+        if conn.tally_fd >= 0:
+            if not conn.closing:  # a BYE said it all: the page only where none came
+                self._tally_tail(conn)
+            os.close(conn.tally_fd)
+            conn.tally_fd = -1
         run = conn.run
         if run is None:
             return
@@ -619,3 +680,29 @@ def _unknown_types(data, count, types):
         if buf[off] in types:
             buf[off] = 0xFF
     return bytes(buf)
+
+
+def _is_tally(fd):
+    """A client's tally page: a memfd of that name, at least TALLY long."""
+    try:
+        target = os.readlink(f"/proc/self/fd/{fd}")
+        st = os.fstat(fd)
+    except OSError:
+        return False
+    return (
+        target.startswith(f"/memfd:{wire.TALLY_NAME}")
+        and stat.S_ISREG(st.st_mode)
+        and st.st_size >= wire.TALLY.size
+    )
+
+
+def _process_gone(pid):
+    """The peer's process has exited (no /proc entry, or a zombie)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            st = f.read()
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    return st[st.rindex(b")") + 2 : st.rindex(b")") + 3] in (b"Z", b"X")
