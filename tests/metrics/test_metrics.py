@@ -280,6 +280,97 @@ def test_request_ttft_and_itl_histograms_across_batches(metrics):
     assert (7, 1) not in metrics._requests.open and (7, 2) in metrics._requests.open
 
 
+def test_itl_by_cause_from_a_real_daemon_names_the_gc_stalled_step(tmp_path):
+    """A real daemon with the API and /metrics: the continuous-batching engine
+    of tests/spine/test_request_latency.py, one step stalled by a full
+    gc.collect() of a large cyclic heap. Every request in flight across that
+    step has its gap ending in it counted under cause `gc`, and no other
+    gap is (the run's only GC pass)."""
+    import gc
+
+    import probe_client
+    from spine.test_request_latency import REQUESTS, STALL_STEP, Engine, _cyclic_heap
+
+    d = DaemonProcess(
+        tmp_path,
+        extra_args=["--metrics-listen", "127.0.0.1:0", "--api-socket", str(tmp_path / "api.sock")],
+    ).start()
+    was = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        port = metrics_port(d)
+        probe = probe_client.connect(socket_path=d.socket, gc=True)
+        engine = Engine(probe)
+        i, heap = 0, None
+        while i < REQUESTS or engine.active or engine.queue:
+            for _ in range(2):
+                if i < REQUESTS:
+                    engine.arrive(1000 + i, 4 + (i * 7) % 9)
+                    i += 1
+            if engine.steps == STALL_STEP - 1:
+                heap = _cyclic_heap(400_000)
+                del heap[:]
+            engine.step(heap if engine.steps == STALL_STEP else None)
+        probe.close()
+        _, in_flight = engine.stall
+        gaps = sum(engine.want.values()) - REQUESTS  # every token but each first ends a gap
+        name = "stallscope_request_itl_by_cause_seconds_count"
+
+        def counted():  # all of them, 5 s after their token
+            got = samples(scrape(port))
+            return got if total(got, name) == gaps else None
+
+        got = wait_for(counted, 30)
+        assert got, scrape(port)
+        # (the rest are not_slow, or a loaded machine's preemption: not asserted)
+        assert total(got, name, cause="gc") == len(in_flight) >= 4, got
+    finally:
+        if was:
+            gc.enable()
+        rc, _ = d.stop()
+    assert rc == 0, d.read_log()
+
+
+def test_itl_by_the_cause_of_the_step_that_served_the_token(metrics):
+    """A token gap takes the stall alert's cause of the step (same run and
+    thread) its ending token fell in, `not_slow` when no alert came within
+    the hold; it is counted only once the hold is over."""
+    clock = {"now": 0}
+    metrics.follow_alerts(now_ns=lambda: clock["now"])
+    metrics.on_batch("runs", pa.table({"run_id": [7], "label": ["svc"]}))
+    # request 1: tokens at 10, 20, 130 ms (gaps 10 and 110); request 2:
+    # tokens at 20 and 135 ms (gap 115); the step of 100-140 ms on thread 1
+    # was slow (gc), so the gaps ending at 130 and 135 ms are gc's
+    metrics.on_batch("request_events", _events([
+        (7, 1, "token", 10), (7, 1, "token", 20), (7, 2, "token", 20),
+        (7, 1, "token", 130), (7, 2, "token", 135),
+    ]))  # fmt: skip
+    metrics.fold_alerts(pa.table({"run_id": [7], "tid": [1], "start_ns": [100 * MS],
+                                  "end_ns": [140 * MS], "cause": ["gc"]}))  # fmt: skip
+    name = "stallscope_request_itl_by_cause_seconds_count"
+    assert total(_collect(metrics), name) == 0  # still waiting for alerts
+    clock["now"] = 136 * MS + 5_000_000_000
+    got = _collect(metrics)
+    assert total(got, name, cause="gc") == 2
+    assert total(got, name, cause="not_slow") == 1
+    assert total(got, "stallscope_request_itl_by_cause_seconds_sum", cause="gc") == (
+        pytest.approx(0.225)
+    )
+    # a gap on another thread is not that step's, whatever its time
+    metrics.on_batch("request_events", pa.table({
+        "run_id": [7, 7], "request_id": pa.array([3, 3], pa.uint64()), "event": ["token"] * 2,
+        "ts_ns": [110 * MS, 120 * MS], "tid": [2, 2], "tokens": pa.array([1, 1], pa.int64()),
+        "seq": [0, 1]}))  # fmt: skip
+    assert total(_collect(metrics), name, cause="not_slow") == 2
+
+
+def test_without_alerts_no_itl_by_cause_is_kept(metrics):
+    metrics.on_batch("request_events", _events([(7, 1, "token", 10), (7, 1, "token", 20)]))
+    assert metrics._itl_by_cause is None
+    assert total(_collect(metrics), "stallscope_request_itl_by_cause_seconds_count") == 0
+
+
 def test_histograms_and_request_feed_share_one_fold(tmp_path, monkeypatch):
     """With /metrics and the API both on, each request_events batch is folded
     once (the daemon's RequestFolder) and both readers get what it gave: the

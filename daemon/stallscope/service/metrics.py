@@ -17,6 +17,7 @@ writes to the database and never blocks a producer on a scrape.
 
 import logging
 import threading
+import time
 
 import numpy as np
 import pyarrow as pa
@@ -156,6 +157,92 @@ class RequestLatency:
         )
 
 
+# A token gap waits this long (the client's and the daemon's CLOCK_MONOTONIC)
+# for the stall alert of the step that ended it before it is counted as
+# served by a step that was not slow: alerts come from the API's detector,
+# which holds an unexplained one 0.25 s and keeps events 5 s (store/alerts.py).
+ITL_CAUSE_HOLD_NS = 5_000_000_000
+ITL_CAUSE_MAX_WAITING = 1_000_000  # gaps waiting; past it the oldest are counted at once
+NOT_SLOW = "not_slow"
+
+
+class ItlByCause:
+    """Inter-token gaps by the cause of the step that served the token ending
+    each gap: the stall alert's cause when that step (same run and thread,
+    the token's time inside the step) was slow, `not_slow` when no alert
+    came within ITL_CAUSE_HOLD_NS. The label is the cause vocabulary (a
+    score of values at most). Not locked itself (Metrics holds its lock)."""
+
+    def __init__(self, histograms, now_ns=time.monotonic_ns):
+        self.hist = histograms(ITL_BUCKETS_S)  # (cause,)
+        self.now_ns = now_ns
+        self.waiting = []  # [(runs, tids, end_ns, gap_ns)] arrays, oldest first
+        self.n_waiting = 0
+        self.slow = {}  # (run_id, tid) -> [(start_ns, end_ns, cause)] of alerts
+
+    def add_gaps(self, f):
+        ok = f.itl_ns >= 0
+        if not ok.any():
+            return
+        self.waiting.append((f.itl_runs[ok], f.itl_tids[ok], f.itl_end_ns[ok], f.itl_ns[ok]))
+        self.n_waiting += int(ok.sum())
+        if self.n_waiting > ITL_CAUSE_MAX_WAITING:
+            self.count(force=True)
+
+    def add_alerts(self, batch):
+        cols = [_np(batch[c]).tolist() for c in ("run_id", "tid", "start_ns", "end_ns")]
+        causes = pc.fill_null(batch["cause"], "unexplained").to_pylist()
+        for run_id, tid, start, end, cause in zip(*cols, causes, strict=True):
+            self.slow.setdefault((run_id, tid), []).append((start, end, cause))
+
+    def count(self, force=False):
+        """Count the gaps whose wait is over (all of them with `force`)."""
+        if not self.waiting:
+            return
+        runs, tids, ends, gaps = (np.concatenate(c) for c in zip(*self.waiting, strict=True))
+        cut = self.now_ns() - ITL_CAUSE_HOLD_NS
+        ready = np.ones(len(ends), bool) if force else ends <= cut
+        rest = ~ready
+        self.waiting = [(runs[rest], tids[rest], ends[rest], gaps[rest])] if rest.any() else []
+        self.n_waiting = int(rest.sum())
+        if not ready.any():
+            return
+        runs, tids, ends, gaps = runs[ready], tids[ready], ends[ready], gaps[ready]
+        causes = np.full(len(ends), NOT_SLOW, dtype=object)
+        keys = runs * (1 << 32) + tids  # tids are u32
+        for key in np.unique(keys).tolist():
+            steps = self.slow.get((key >> 32, key & 0xFFFFFFFF))
+            if not steps:
+                continue
+            steps.sort()
+            starts = np.array([st[0] for st in steps], np.int64)
+            stops = np.array([st[1] for st in steps], np.int64)
+            rows = np.flatnonzero(keys == key)
+            i = np.searchsorted(starts, ends[rows], side="right") - 1
+            hit = (i >= 0) & (ends[rows] <= stops[np.maximum(i, 0)])
+            names = [steps[j][2] for j in i[hit].tolist()]
+            causes[rows[hit]] = names
+        labels, inverse = np.unique(causes.astype(str), return_inverse=True)
+        self.hist.add([(c,) for c in labels.tolist()], inverse.ravel(), gaps.astype(np.float64))
+        # alerts of steps every waiting gap is past are of no more use
+        oldest = int(self.waiting[0][2].min()) if self.waiting else cut
+        for key in list(self.slow):
+            kept = [st for st in self.slow[key] if st[1] >= oldest - ITL_CAUSE_HOLD_NS]
+            if kept:
+                self.slow[key] = kept
+            else:
+                del self.slow[key]
+
+    def family(self):
+        return self.hist.family(
+            "stallscope_request_itl_by_cause_seconds",
+            "Inter-token latency of traced requests by the cause of the step that served "
+            "the token ending the gap (its stall alert's; not_slow when it was not slow). "
+            "Counted 5 s after the token; needs the API (its stall detector).",
+            ["cause"],
+        )
+
+
 def _le(bound_s):
     return repr(float(bound_s))
 
@@ -203,6 +290,9 @@ class Metrics:
             _Histograms, RequestFolder() if folder is None else folder
         )
         self._requests.folder.subscribe(self._add_requests)
+        # ITL by the serving step's cause: only while stall alerts come in
+        # (the API's detector; `follow_alerts`), else nothing is kept
+        self._itl_by_cause = None
         self._gc_collected = {}  # generation -> objects
         self._offcpu_s = {"preempted": 0.0, "blocked": 0.0}
         self._offcpu_intervals = {"preempted": 0, "blocked": 0}
@@ -291,6 +381,15 @@ class Metrics:
     def _add_requests(self, folded):
         with self._lock:
             self._requests.add(folded, self._labels.get)
+            if self._itl_by_cause is not None and len(folded.itl_ns):
+                self._itl_by_cause.add_gaps(folded)
+                self._itl_by_cause.count()
+
+    def follow_alerts(self, now_ns=time.monotonic_ns):
+        """Stall alerts will come (fold_alerts): count ITL by step cause too."""
+        with self._lock:
+            if self._itl_by_cause is None:
+                self._itl_by_cause = ItlByCause(_Histograms, now_ns)
 
     def close(self):
         """Stop reading the folder (it may outlive this Metrics)."""
@@ -342,6 +441,8 @@ class Metrics:
         """Stall alerts (store/alerts.py): one slow step each, with its cause."""
         counts = pc.value_counts(pc.fill_null(batch["cause"], "unexplained")).to_pylist()
         with self._lock:
+            if self._itl_by_cause is not None and batch.num_rows:
+                self._itl_by_cause.add_alerts(batch)
             for item in counts:
                 cause = item["values"]
                 self._slow[cause] = self._slow.get(cause, 0) + int(item["counts"])
@@ -364,6 +465,9 @@ class Metrics:
                 ["generation"],
             )
             yield from self._requests.families()
+            if self._itl_by_cause is not None:
+                self._itl_by_cause.count()
+                yield self._itl_by_cause.family()
             passes = CounterMetricFamily(
                 "stallscope_gc_passes",
                 "Garbage-collection passes of traced runs, by generation.",

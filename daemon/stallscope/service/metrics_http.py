@@ -115,6 +115,8 @@ class MetricsServer:
         # detector of our own is started: its per-step work halved saturated
         # ingest (bench/metrics_cost.py), and metrics must not slow ingest.
         self.alerts = _AlertFollower(self.metrics, api.fanout) if api is not None else None
+        if self.alerts is not None:
+            self.metrics.follow_alerts()
         if api is None:
             log.info(
                 "metrics: stallscope_slow_steps_total stays empty without the API "

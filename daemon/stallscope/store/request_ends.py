@@ -40,6 +40,10 @@ class Folded:
     ttft_ns: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     itl_runs: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     itl_ns: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    # the token event that ended each gap: its thread and time (the step
+    # that served it is that thread's step around that time)
+    itl_tids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    itl_end_ns: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     ended: list = field(default_factory=list)  # dicts: RequestFinished's fields
 
 
@@ -84,18 +88,25 @@ class RequestEnds:
         rid = _np(batch["request_id"])[keep].astype(np.uint64)
         ts = _np(batch["ts_ns"])[keep].astype(np.int64)
         tokens = _np(pc.fill_null(batch["tokens"], 0))[keep].astype(np.int64)
+        if "tid" in batch.column_names:
+            tids = _np(pc.fill_null(batch["tid"], 0))[keep].astype(np.int64)
+        else:
+            tids = np.zeros(len(ts), np.int64)
         names = np.asarray(_np(event), dtype=object)[keep]
         order = np.lexsort((ts, rid, run))
         run, rid, ts, names, tokens = run[order], rid[order], ts[order], names[order], tokens[order]
+        tids = tids[order]
         tok = names == "token"
         # token gaps inside the batch: consecutive token events of one request
-        t_run, t_rid, t_ts = run[tok], rid[tok], ts[tok]
+        t_run, t_rid, t_ts, t_tid = run[tok], rid[tok], ts[tok], tids[tok]
         same = (t_run[1:] == t_run[:-1]) & (t_rid[1:] == t_rid[:-1])
         gaps = (t_ts[1:] - t_ts[:-1])[same]
         gap_runs = t_run[1:][same]
+        gap_tids, gap_ends = t_tid[1:][same], t_ts[1:][same]
         # the longest in-batch gap of each request, per token position
         gap_owner = np.flatnonzero(tok)[1:][same]  # the row that ends each gap
         extra_gaps, extra_runs, ttft, ttft_runs = [], [], [], []
+        extra_tids, extra_ends = [], []
         starts = np.flatnonzero(np.r_[True, (run[1:] != run[:-1]) | (rid[1:] != rid[:-1])])
         bounds = np.r_[starts, len(run)].tolist()
         gap_at = np.searchsorted(gap_owner, bounds) if len(gap_owner) else None
@@ -118,6 +129,8 @@ class RequestEnds:
                 else:
                     extra_gaps.append(first - st.last)
                     extra_runs.append(key[0])
+                    extra_tids.append(int(tids[a + toks[0]]))
+                    extra_ends.append(first)
                     st.max_gap = max(st.max_gap or 0, first - st.last)
                 if gap_at is not None and gap_at[i + 1] > gap_at[i]:
                     st.max_gap = max(st.max_gap or 0, int(gaps[gap_at[i] : gap_at[i + 1]].max()))
@@ -143,6 +156,8 @@ class RequestEnds:
                 del self.open[old]
         out.itl_runs = np.r_[gap_runs, np.array(extra_runs, dtype=np.int64)]
         out.itl_ns = np.r_[gaps, np.array(extra_gaps, dtype=np.int64)]
+        out.itl_tids = np.r_[gap_tids, np.array(extra_tids, dtype=np.int64)]
+        out.itl_end_ns = np.r_[gap_ends, np.array(extra_ends, dtype=np.int64)]
         out.ttft_runs = np.array(ttft_runs, dtype=np.int64)
         out.ttft_ns = np.array(ttft, dtype=np.int64)
         return out
