@@ -37,6 +37,7 @@ ENGINE = str(Path(demo.__file__).resolve().parent / "vllm_engine.py")
 REQUESTS, TOKENS, ROUNDS = 32, 32, 2
 GC_AT_EXECUTE = "5,14,23,40,49,58"
 GC_WHILE_IDLE = "9,18,27,44,53"
+ABORTED = 4  # then requests added and aborted mid-way (vLLM's abort path)
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +56,7 @@ def vllm_run(tmp_path_factory):
             "--", sys.executable, ENGINE,
             "--requests", str(REQUESTS), "--max-tokens", str(TOKENS), "--rounds", str(ROUNDS),
             "--gc-at-execute", GC_AT_EXECUTE, "--gc-while-idle", GC_WHILE_IDLE,
+            "--abort", str(ABORTED),
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -115,12 +117,36 @@ def test_every_request_has_its_latency_row_with_its_tokens(vllm_run):
         assert 0 < ttft < e2e and itl is not None, (rid, ttft, e2e, itl)
     served = vllm_run.daemon.query(
         "SELECT event, count(*), count(step_idx) FROM request_steps WHERE run_id = ? "
-        "GROUP BY ALL ORDER BY 1",
-        [vllm_run.core],
+        "AND request_id NOT IN (SELECT request_id FROM requests WHERE run_id = ? "
+        "AND text LIKE 'abort-%') GROUP BY ALL ORDER BY 1",
+        [vllm_run.core, vllm_run.core],
     )
     n = REQUESTS * ROUNDS
     # arrivals come between steps (the busy loop's input queue), tokens inside them
     assert served == [("arrived", n, 0), ("finished", n, n), ("token", n * TOKENS, n * TOKENS)]
+
+
+def test_aborted_requests_end_aborted_with_the_tokens_they_got(vllm_run):
+    # finish_requests takes a list of ids; the preset records each abort
+    # where the scheduler frees the request (status FINISHED_ABORTED)
+    caller = dict(vllm_run.summary["aborted"])
+    assert len(caller) == ABORTED and min(caller.values()) >= 3, caller
+    rows = vllm_run.daemon.query(
+        "SELECT r.text, r.end_event, l.output_tokens, l.e2e_ns FROM requests r "
+        "JOIN request_latency l USING (run_id, request_id) WHERE r.run_id = ? "
+        "AND r.text LIKE 'abort-%'",
+        [vllm_run.core],
+    )
+    got = {text.rsplit("-", 1)[0]: (end, n, e2e) for text, end, n, e2e in rows}
+    assert sorted(got) == sorted(caller), (got, caller)
+    for rid, seen in caller.items():
+        end, n, e2e = got[rid]
+        # the core may have made a token or two the caller had not read yet
+        assert end == "aborted" and seen <= n < 4 * TOKENS and e2e > 0, (rid, end, n, seen)
+    errors = vllm_run.daemon.query(
+        "SELECT reason, sum(count) FROM ingest_errors WHERE reason LIKE 'request%' GROUP BY ALL"
+    )
+    assert errors == [], errors
 
 
 def test_the_three_processes_form_one_group(vllm_run):

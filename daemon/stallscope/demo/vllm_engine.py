@@ -90,6 +90,26 @@ def _counts(text):
     return {int(x) for x in text.split(",") if x.strip()} if text else set()
 
 
+def _abort_mid_way(llm, prompts, max_tokens):
+    """Requests added to the engine and aborted once each has a few tokens,
+    as an API server aborts when its client goes (vLLM's own abort path)."""
+    from vllm import SamplingParams
+
+    engine = llm.llm_engine
+    params = SamplingParams(max_tokens=4 * max_tokens, ignore_eos=True, detokenize=False)
+    ids = [f"abort-{i}" for i in range(len(prompts))]
+    for rid, prompt in zip(ids, prompts, strict=True):
+        engine.add_request(rid, prompt, params)
+    got = dict.fromkeys(ids, 0)
+    while engine.has_unfinished_requests() and min(got.values()) < 3:
+        for out in engine.step():
+            got[out.request_id] = len(out.outputs[0].token_ids)
+    engine.abort_request(ids)
+    while engine.has_unfinished_requests():
+        engine.step()
+    return [[rid, n] for rid, n in got.items()]
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--requests", type=int, default=32)
@@ -99,6 +119,9 @@ def main():
     parser.add_argument("--gc-at-execute", default="", help="execute_model RPC numbers (1-based)")
     parser.add_argument("--gc-while-idle", default="", help="sample_tokens RPC numbers (1-based)")
     parser.add_argument("--gc-min-ms", type=float, default=25.0)
+    parser.add_argument(
+        "--abort", type=int, default=0, help="then this many more requests, aborted mid-way"
+    )
     args = parser.parse_args()
 
     here = os.path.dirname(os.path.abspath(__file__))
@@ -151,6 +174,7 @@ def main():
         for _ in range(args.rounds):
             outputs += llm.generate(prompts, params, use_tqdm=False)
         t1 = time.monotonic_ns()
+        aborted = _abort_mid_way(llm, prompts[: args.abort], args.max_tokens) if args.abort else []
         passes = llm.collective_rpc("stallscope_demo_passes")[0] if hooks else []
         del llm  # shuts the engine-core and worker processes down
     summary = {
@@ -162,6 +186,7 @@ def main():
         "window_ns": [t0, t1],
         "generate_s": round((t1 - t0) / 1e9, 3),
         "worker_gc": passes,
+        "aborted": aborted,  # [[caller's id, tokens it had got]]
         "hooks": setup,
     }
     print(json.dumps(summary), flush=True)
