@@ -150,3 +150,77 @@ def test_the_checker_finds_a_wrong_target(tmp_path):
     )
     assert "arg1" in problems("eng.core:Core.step=step,batch=arg1")[0]
     assert "no attribute 'm'" in problems("eng.core:Core.step=step,batch=self.m")[0]
+
+
+def test_sglang_request_form_records_what_the_scheduler_calls_mean(tmp_path, monkeypatch):
+    """The SGLang preset's request specs, attached to stand-ins with the
+    wheel's shapes (Scheduler.handle_generate_request(recv_req), Req with
+    rid/output_ids/finished_reason/to_finish and update_finish_state's
+    early returns) and called as batch_result_processor.py calls them: a
+    prefill token (no argument), a speculative run of 2, the finishing
+    token; an abort of a running request (to_finish set, its last token
+    appended) ends `finished`; a request retired before any token records
+    nothing; a discard (update_finish_state(0)) records no token."""
+    import types
+
+    from probe_client import _autoattach
+    from probe_client._probe import Probe
+
+    class Req:
+        def __init__(self, rid):
+            self.rid, self.output_ids, self.finished_reason, self.to_finish = rid, [], None, None
+
+        def update_finish_state(self, new_accepted_len: int = 1):
+            if self.finished_reason is not None:
+                return
+            if self.to_finish:
+                self.finished_reason, self.to_finish = self.to_finish, None
+                return
+            if len(self.output_ids) >= 4:
+                self.finished_reason = "FINISH_LENGTH"
+
+    class Scheduler:
+        def handle_generate_request(self, recv_req, *, mm_input_error=None):
+            return None
+
+    batch = types.ModuleType("sglang.srt.managers.schedule_batch")
+    sched = types.ModuleType("sglang.srt.managers.scheduler")
+    batch.Req, sched.Scheduler = Req, Scheduler
+    for name in ("sglang", "sglang.srt", "sglang.srt.managers"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, batch.__name__, batch)
+    monkeypatch.setitem(sys.modules, sched.__name__, sched)
+    specs, errors = _specs.specs_from_toml(_specs.load_toml(str(PRESETS / "sglang.toml")), "sg")
+    assert not errors
+    probe = Probe(socket_path=str(tmp_path / "none.sock"), gc=False)
+    got, events = [], []
+    probe.event = lambda kind, target, message: events.append((kind, target))
+    probe.request = lambda rid, ev, tokens=None, ts_ns=None: got.append((rid, ev, tokens))
+    try:
+        _autoattach.Hooks(probe).add([sp for sp in specs if "request" in sp.keywords])
+        assert [k for k, _ in events] == ["attached", "attached"], events
+        Scheduler().handle_generate_request(types.SimpleNamespace(rid="r1", input_ids=[5] * 7))
+        r = Req("r1")
+        r.output_ids.append(1)
+        r.update_finish_state()  # prefill: one token
+        r.output_ids += [2, 3]
+        r.update_finish_state(2)  # a speculative run of two
+        r.output_ids.append(4)
+        r.update_finish_state(1)  # the fourth token finishes it
+        a = Req("r2")
+        a.output_ids.append(1)
+        a.update_finish_state()
+        a.to_finish = "FINISH_ABORT"
+        a.output_ids.append(2)
+        a.update_finish_state(1)  # aborted while running
+        Req("r3").update_finish_state()  # retired before admission: no token
+        d = Req("r4")
+        d.to_finish = "FINISH_ABORT"
+        d.update_finish_state(0)  # discarded
+    finally:
+        probe.close()
+    assert got == [
+        ("r1", "arrived", 7), ("r1", "token", 1), ("r1", "token", 2), ("r1", "token", 1),
+        ("r1", "finished", None), ("r2", "token", 1), ("r2", "token", 1), ("r2", "finished", None),
+    ], got  # fmt: skip
+    assert probe.errors == 0
