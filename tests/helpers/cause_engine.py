@@ -23,8 +23,12 @@ Two profiles, as the tests that use it need:
   views   (tests of the named views and the step fill) every step does the
           same fixed count of pure-Python iterations (~3 ms; a count, not a
           time, so anything that stops the thread makes the step longer by
-          exactly that much); syscalls = 200 reads of 1 MiB from /dev/zero
-          (the kernel fills the buffer), faults of all three kinds in turn
+          exactly that much); syscalls = 400 reads of 1 MiB from /dev/zero
+          (the kernel fills the buffer: ~5 ms; at 200, ~2.5 ms, half the
+          syscall steps of one CI run were not slow: the same fixed work
+          took 3.4 ms in some steps and 5.5 ms in most, the other vCPU's
+          load slowing this one, and 3.4 + 2.5 ms is under 1.2 x 5.5),
+          faults of all three kinds in turn
           (16 MiB: 4,096 pages; 160 MiB: 80 huge pages; 16 MiB of a cached
           file: 4,096 copies), gil = the sibling holds the GIL for 15 ms
           from the step's start
@@ -217,7 +221,7 @@ def main(socket_path, log_path, steps, every, profile):
         if cause == "syscalls":
             c0 = time.thread_time_ns()
             if p.syscalls == "readv":
-                for _ in range(200):
+                for _ in range(400):
                     os.readv(zero, [buf])
             else:
                 for _ in range(20_000):
