@@ -329,6 +329,8 @@ class Transport(Connection):
                 if fd < 0:
                     return
                 with self._lock:
+                    if self._tally is not None:  # closed before the EOF the daemon reads it at
+                        _pack_tally(self._tally, 0, self._seq, 1)
                     self._disconnect()  # BYE did not fit: the daemon sees EOF
                 return
             left_ms = (deadline - _monotonic_ns()) // 1_000_000
