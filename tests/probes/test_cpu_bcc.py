@@ -369,8 +369,12 @@ def test_perfetto_export_has_samples_with_callstacks_on_thread_tracks(traced, tm
         if py[-3:] == ["a", "b", "c"]:
             chains += 1
             leaf_py = [f for f in e.callstack.frames if f.function_name == "c"][0]
+            # any line of c(): mostly its loop, but `x = 0` and `return x` run
+            # once a call too (one CI run had a sample on the return)
             assert leaf_py.source_file == ENGINE and leaf_py.line_number in (
+                LINES["C_LOOP"] - 1,
                 LINES["C_LOOP"],
                 LINES["C_BODY"],
+                LINES["C_BODY"] + 1,
             )
     assert chains >= 0.95 * len(spinner)
