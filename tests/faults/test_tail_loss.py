@@ -92,6 +92,28 @@ def test_flood_and_good_client_reconcile_exactly_tail_included(tmp_path, figures
     )
 
 
+def _paused_at_mark(d, mark, steps, seconds, extra, how, close_wait_ms):
+    """The tail client started (`--exit`: no close(), the exit hook closes),
+    and the daemon stopped (SIGSTOP) once half its steps are made; the
+    caller sends SIGCONT."""
+    good = subprocess.Popen(
+        [sys.executable, TAIL, d.socket, steps, seconds, "--mark", "0.5", mark]
+        + extra
+        + (["--exit"] if how == "exit" else []),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "STALLSCOPE_CLOSE_WAIT_MS": str(close_wait_ms)},
+    )
+    try:
+        assert wait_for(lambda: os.path.exists(mark), timeout_s=60)
+    except BaseException:
+        good.kill()
+        raise
+    d.proc.send_signal(signal.SIGSTOP)
+    return good
+
+
 @pytest.mark.parametrize("how", ["close", "exit"])
 def test_daemon_paused_at_client_exit_tail_is_stored_or_reported(tmp_path, figures, how):
     """The daemon stops reading (SIGSTOP) for the last part of a client's run
@@ -102,17 +124,7 @@ def test_daemon_paused_at_client_exit_tail_is_stored_or_reported(tmp_path, figur
     mark, closing = str(tmp_path / "mark"), str(tmp_path / "closing")
     good = None
     try:
-        good = subprocess.Popen(
-            [sys.executable, TAIL, d.socket, "5000", "1.5", "--mark", "0.5", mark]
-            + ["--closing", closing]
-            + (["--exit"] if how == "exit" else []),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env={**os.environ, "STALLSCOPE_CLOSE_WAIT_MS": "20000"},
-        )
-        assert wait_for(lambda: os.path.exists(mark), timeout_s=60)
-        d.proc.send_signal(signal.SIGSTOP)
+        good = _paused_at_mark(d, mark, "5000", "1.5", ["--closing", closing], how, 20000)
         try:
             assert wait_for(lambda: os.path.exists(closing), timeout_s=60)
             time.sleep(0.3)  # the client is inside close(), waiting for space
@@ -151,16 +163,7 @@ def test_tail_without_bye_is_reported_from_the_tally_page(tmp_path, figures, how
         # killed: 10,000 steps over 3 s, so it still runs 1 s after the pause
         # began, its socket full after ~0.6 s of it (~46 datagrams)
         steps, seconds = ("10000", "3.0") if how == "killed" else ("5000", "1.5")
-        good = subprocess.Popen(
-            [sys.executable, TAIL, d.socket, steps, seconds, "--mark", "0.5", mark]
-            + (["--exit"] if how == "exit" else []),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env={**os.environ, "STALLSCOPE_CLOSE_WAIT_MS": "50"},
-        )
-        assert wait_for(lambda: os.path.exists(mark), timeout_s=60)
-        d.proc.send_signal(signal.SIGSTOP)
+        good = _paused_at_mark(d, mark, steps, seconds, [], how, 50)
         try:
             if how == "killed":
                 time.sleep(1.0)  # its socket fills, then it dies mid-run
