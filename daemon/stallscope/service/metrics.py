@@ -178,6 +178,7 @@ class ItlByCause:
         self.now_ns = now_ns
         self.waiting = []  # [(runs, tids, end_ns, gap_ns)] arrays, oldest first
         self.n_waiting = 0
+        self.oldest_ns = None  # the earliest waiting gap's end: count() is a no-op before it is due
         self.slow = {}  # (run_id, tid) -> [(start_ns, end_ns, cause)] of alerts
 
     def add_gaps(self, f):
@@ -186,6 +187,8 @@ class ItlByCause:
             return
         self.waiting.append((f.itl_runs[ok], f.itl_tids[ok], f.itl_end_ns[ok], f.itl_ns[ok]))
         self.n_waiting += int(ok.sum())
+        first = int(f.itl_end_ns[ok].min())
+        self.oldest_ns = first if self.oldest_ns is None else min(self.oldest_ns, first)
         if self.n_waiting > ITL_CAUSE_MAX_WAITING:
             self.count(force=True)
 
@@ -199,12 +202,15 @@ class ItlByCause:
         """Count the gaps whose wait is over (all of them with `force`)."""
         if not self.waiting:
             return
-        runs, tids, ends, gaps = (np.concatenate(c) for c in zip(*self.waiting, strict=True))
         cut = self.now_ns() - ITL_CAUSE_HOLD_NS
+        if not force and self.oldest_ns > cut:  # nothing due: no concatenation per batch
+            return
+        runs, tids, ends, gaps = (np.concatenate(c) for c in zip(*self.waiting, strict=True))
         ready = np.ones(len(ends), bool) if force else ends <= cut
         rest = ~ready
         self.waiting = [(runs[rest], tids[rest], ends[rest], gaps[rest])] if rest.any() else []
         self.n_waiting = int(rest.sum())
+        self.oldest_ns = int(ends[rest].min()) if rest.any() else None
         if not ready.any():
             return
         runs, tids, ends, gaps = runs[ready], tids[ready], ends[ready], gaps[ready]
