@@ -49,8 +49,13 @@ SELECT t.run_id, t.request_id, t.ts_ns, t.prev_ns, t.ts_ns - t.prev_ns AS gap_ns
 FROM tok t
 WHERE t.prev_ns IS NOT NULL;
 
--- One row per request: its latency and what made its worst gap.
---   arrival_ns      its first `arrived` event; NULL if none was stored
+-- One row per request: its latency and what made its worst gap. Request
+-- ids are scoped by run group: a request whose arrival another run of the
+-- group reported first (vLLM's caller or API server, then its engine core;
+-- that run's row ends 'handed', ingest/request_events.py) is one request,
+-- the serving run's row, and its arrival is the group's earliest; the
+-- handed rows themselves are left out.
+--   arrival_ns      its first `arrived` event in its run group; NULL if none was stored
 --   ttft_ns         time to first token: first `token` event - arrival_ns
 --   e2e_ns          end to end: first `finished`/`aborted` event - arrival_ns (NULL while open)
 --   queue_ns        first `scheduled` event - arrival_ns (NULL: never scheduled)
@@ -66,9 +71,21 @@ WHERE t.prev_ns IS NOT NULL;
 --                   'not_scheduled' (steps of the thread ran between the two
 --                   tokens without it) or 'step' (consecutive steps served it)
 CREATE OR REPLACE VIEW request_latency AS
-WITH ev AS (
+WITH grp AS (       -- runs of run groups with more than one run
+    SELECT run_id, group_key FROM runs WHERE group_key IS NOT NULL
+    QUALIFY count(*) OVER (PARTITION BY group_key) > 1
+), handoff AS (     -- arrivals that another run of the group served
+    SELECT g.group_key, e.request_id,
+           min(e.ts_ns) AS arrival_ns,
+           arg_min(e.run_id, e.ts_ns) AS arrival_run_id
+    FROM request_events e
+    JOIN requests r USING (run_id, request_id)
+    JOIN grp g USING (run_id)
+    WHERE r.end_event = 'handed' AND e.event = 'arrived'
+    GROUP BY ALL
+), own AS (
     SELECT run_id, request_id,
-           min(ts_ns) FILTER (event = 'arrived') AS arrival_ns,
+           min(ts_ns) FILTER (event = 'arrived') AS own_arrival_ns,
            min(ts_ns) FILTER (event = 'scheduled') AS scheduled_ns,
            min(ts_ns) FILTER (event = 'token') AS first_token_ns,
            min(ts_ns) FILTER (event IN ('finished', 'aborted')) AS end_ns,
@@ -76,6 +93,14 @@ WITH ev AS (
            coalesce(sum(tokens) FILTER (event = 'token'), 0) AS output_tokens
     FROM request_events
     GROUP BY run_id, request_id
+), ev AS (
+    SELECT o.*,
+           least(o.own_arrival_ns, h.arrival_ns) AS arrival_ns,
+           CASE WHEN h.arrival_ns < o.own_arrival_ns OR o.own_arrival_ns IS NULL
+                THEN h.arrival_run_id ELSE o.run_id END AS arrival_run_id
+    FROM own o
+    LEFT JOIN grp g USING (run_id)
+    LEFT JOIN handoff h ON h.group_key = g.group_key AND h.request_id = o.request_id
 ),
 gaps AS (
     SELECT run_id, request_id,
@@ -100,12 +125,15 @@ SELECT e.run_id,                                   -- run
     g.worst.step_idx AS worst_step_idx,            -- step_attribution.step_idx on the token's thread
     a.cause AS worst_cause,                        -- the step vocabulary, NULL if that step was not slow
     g.worst.kind AS worst_gap,                     -- 'step' | 'not_scheduled' | 'preempted'
-    e.end_event                                    -- 'finished' | 'aborted', NULL while open
+    e.end_event,                                   -- 'finished' | 'aborted', NULL while open
+    e.arrival_run_id,                              -- the run whose `arrived` gave arrival_ns (the caller's for a hand-off)
+    e.own_arrival_ns                               -- its first `arrived` in its own run, ns (the engine core's for a hand-off)
 FROM ev e
 LEFT JOIN gaps g USING (run_id, request_id)
 LEFT JOIN requests r USING (run_id, request_id)
 LEFT JOIN step_attribution a
-    ON a.run_id = e.run_id AND a.tid = g.worst.tid AND a.step_idx = g.worst.step_idx;
+    ON a.run_id = e.run_id AND a.tid = g.worst.tid AND a.step_idx = g.worst.step_idx
+WHERE r.end_event IS DISTINCT FROM 'handed';
 
 -- Per request and cause: the excess (duration above baseline) of the slow
 -- steps that served it (held one of its token events), by their cause; a

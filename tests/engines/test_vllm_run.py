@@ -99,7 +99,7 @@ def test_every_request_has_its_latency_row_with_its_tokens(vllm_run):
     # The preset's request forms, in the engine core: every request the
     # caller got back has a row (the core's id is the caller's plus a suffix
     # of its own), its token count exact, every token event inside an
-    # engine-core step, TTFT and end-to-end from the scheduler's arrival.
+    # engine-core step, TTFT and end-to-end from the caller's arrival (below).
     caller = dict(vllm_run.summary["per_request"])
     rows = vllm_run.daemon.query(
         "SELECT r.text, l.output_tokens, l.ttft_ns, l.e2e_ns, l.itl_max_ns FROM request_latency l "
@@ -124,6 +124,38 @@ def test_every_request_has_its_latency_row_with_its_tokens(vllm_run):
     n = REQUESTS * ROUNDS
     # arrivals come between steps (the busy loop's input queue), tokens inside them
     assert served == [("arrived", n, 0), ("finished", n, n), ("token", n * TOKENS, n * TOKENS)]
+
+
+def test_each_request_arrives_in_the_caller_and_is_served_by_the_core(vllm_run):
+    # The caller's LLMEngine.add_request reports each arrival with the id it
+    # returns (the core's); the core reports the same id in the same run
+    # group: one request, the core's row, its arrival the caller's (earlier:
+    # tokenizing and the IPC to the core come between).
+    q = vllm_run.daemon.query
+    (caller,) = q("SELECT run_id FROM runs WHERE label LIKE 'vllm-cpu%' AND parent_run_id IS NULL")[
+        0
+    ]
+    n = REQUESTS * ROUNDS + ABORTED
+    handed = q("SELECT end_event, count(*) FROM requests WHERE run_id = ? GROUP BY ALL", [caller])
+    left = q(
+        "SELECT r.text, r.first_ns, r.events, c.first_ns, c.end_event FROM requests r "
+        "LEFT JOIN requests c ON c.run_id = ? AND c.request_id = r.request_id "
+        "WHERE r.run_id = ? AND r.end_event IS DISTINCT FROM 'handed'",
+        [vllm_run.core, caller],
+    )
+    assert handed == [("handed", n)], (handed, left)
+    rows = q(
+        "SELECT arrival_run_id, own_arrival_ns - arrival_ns, ttft_ns FROM request_latency "
+        "WHERE run_id = ?",
+        [vllm_run.core],
+    )
+    assert len(rows) == n and all(r[0] == caller for r in rows), rows[:5]
+    ahead = sorted(r[1] for r in rows)
+    assert ahead[0] > 0, ahead[:5]  # every arrival in the caller came first
+    # no request of the caller's run is left open or counted as one
+    assert q("SELECT count(*) FROM request_latency WHERE run_id = ?", [caller]) == [(0,)]
+    print(f"caller ahead of the core: median {ahead[len(ahead) // 2] / 1e6:.2f} ms, "
+          f"max {ahead[-1] / 1e6:.2f} ms")  # fmt: skip
 
 
 def test_aborted_requests_end_aborted_with_the_tokens_they_got(vllm_run):

@@ -36,11 +36,14 @@ def test_the_requests_hurt_most_say_why():
     text = request_section(requests_db(), "TRUE")
     hurt = text.split("Hurt most (longest inter-token gap):\n")[1].splitlines()
     assert hurt == [
-        "  run 1, request req-b: worst inter-token gap 50.0 ms at step 4, "
+        "  run 1, request req-b: worst inter-token gap 50.0 ms, at step 4, "
         "the engine preempted the request (TTFT 4.9 ms)",
-        "  run 1, request 3: worst inter-token gap 50.0 ms at step 4, steps ran without it "
+        "  run 1, request 3: worst inter-token gap 50.0 ms, at step 4, steps ran without it "
         "(TTFT 17.9 ms)",
-        "  run 1, request 1: worst inter-token gap 40.0 ms at step 3, cause gc (TTFT 14.9 ms)",
+        "  run 1, request 1: worst inter-token gap 40.0 ms, at step 3, cause gc (TTFT 14.9 ms)",
+        # the engine core's request of a run group, TTFT from the caller's arrival
+        "  run 3, request 7: worst inter-token gap 10.0 ms, its token was recorded outside "
+        "any step (TTFT 9.9 ms)",
     ]
 
 

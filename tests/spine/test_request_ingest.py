@@ -224,3 +224,84 @@ def test_open_requests_silent_past_the_timeout_are_evicted_and_counted(tmp_path)
         "SELECT request_id, end_event, events, output_tokens FROM requests ORDER BY 1"
     ) == [(10, "evicted", 2, 1), (11, "evicted", 1, 0), (12, "finished", 3, 1)]
     assert d.scalar("SELECT count(*) FROM request_events") == 6
+
+
+class _Peer:
+    """A raw client connected with a group key (HELLO `group`), kept open:
+    `send(records)` sends one RECORDS datagram and returns once the daemon
+    has read it and had time to decode it."""
+
+    def __init__(self, daemon, token, group):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.sock.connect(daemon.socket)
+        hello = {"run_token": token, "group": group}
+        self.sock.send(_hdr(4, wire.DGRAM_HELLO) + json.dumps(hello).encode())
+        self.seq = 0
+
+    def send(self, *records):
+        self.sock.send(_hdr(4, wire.DGRAM_RECORDS, len(records), self.seq) + b"".join(records))
+        self.seq += len(records)
+        deadline = time.monotonic() + 30
+        while _unread(self.sock) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.3)  # the daemon decodes what it read within 0.25 s
+
+    def bye(self):
+        self.sock.send(_hdr(4, wire.DGRAM_BYE, 0, self.seq))
+        self.sock.recv(10)
+        self.sock.close()
+
+
+def test_a_request_handed_from_a_caller_to_its_engine_is_one_request(daemon):
+    # vLLM's shape: the caller (or API server) sees each request arrive, the
+    # engine core (another process of its run group) serves it. Each order
+    # in which the daemon can read the two: the caller's arrival first, the
+    # core's whole request first, the core's arrival first.
+    ms = 1_000_000
+    t = time.monotonic_ns()
+    caller = _Peer(daemon, 11, "engine-a")
+    core = _Peer(daemon, 12, "engine-a")
+    other = _Peer(daemon, 13, "engine-b")  # another group: its ids are its own
+    caller.send(_req(E["arrived"], 1, t))
+    core.send(_req(E["arrived"], 1, t + 2 * ms), _req(E["token"], 1, t + 9 * ms, tokens=1))
+    core.send(_req(E["arrived"], 2, t + 3 * ms), _req(E["token"], 2, t + 8 * ms, tokens=2),
+              _req(E["finished"], 2, t + 10 * ms))  # fmt: skip
+    caller.send(_req(E["arrived"], 2, t + 1 * ms))  # read after its request ended
+    core.send(_req(E["arrived"], 4, t + 6 * ms))
+    caller.send(_req(E["arrived"], 4, t + 5 * ms))  # earlier, read later
+    caller.send(_req(E["arrived"], 3, t + 4 * ms))  # no process serves it (yet)
+    other.send(_req(E["arrived"], 1, t + 7 * ms), _req(E["finished"], 1, t + 8 * ms))
+    core.send(_req(E["token"], 4, t + 11 * ms, tokens=1), _req(E["finished"], 1, t + 12 * ms),
+              _req(E["finished"], 4, t + 13 * ms))  # fmt: skip
+    caller.send(_req(E["aborted"], 1, t + 14 * ms))  # an event after the hand-off
+    # the caller's arrival read first, then the core's whole request in one
+    # decode (a request aborted within 0.25 s), by another process of the group
+    caller.send(_req(E["arrived"], 5, t + 15 * ms))
+    late = _Peer(daemon, 14, "engine-a")
+    late.send(_req(E["arrived"], 5, t + 16 * ms), _req(E["token"], 5, t + 17 * ms, tokens=1),
+              _req(E["aborted"], 5, t + 18 * ms))  # fmt: skip
+    late.bye()
+    for peer in (caller, core, other):
+        peer.bye()
+    assert daemon.stop()[0] == 0, daemon.read_log()
+    errors = dict(daemon.query("SELECT reason, sum(count) FROM ingest_errors GROUP BY ALL"))
+    assert errors == {"request_after_handoff": 1}, errors
+    runs = dict(daemon.query("SELECT client_token, run_id FROM runs"))
+    a, b, c, d = runs[11], runs[12], runs[13], runs[14]
+    ends = daemon.query("SELECT run_id, request_id, end_event FROM requests ORDER BY 1, 2")
+    assert ends == [(a, 1, "handed"), (a, 2, "handed"), (a, 3, None), (a, 4, "handed"),
+                    (a, 5, "handed"), (b, 1, "finished"), (b, 2, "finished"),
+                    (b, 4, "finished"), (c, 1, "finished"), (d, 5, "aborted")]  # fmt: skip
+    rows = daemon.query(
+        "SELECT run_id, request_id, arrival_run_id, arrival_ns - ?, own_arrival_ns - ?, "
+        "ttft_ns, e2e_ns FROM request_latency ORDER BY 1, 2",
+        [t, t],
+    )
+    assert rows == [
+        (a, 3, a, 4 * ms, 4 * ms, None, None),  # the caller's own open request
+        (b, 1, a, 0, 2 * ms, 9 * ms, 12 * ms),
+        (b, 2, a, 1 * ms, 3 * ms, 7 * ms, 9 * ms),
+        (b, 4, a, 5 * ms, 6 * ms, 6 * ms, 8 * ms),
+        (c, 1, c, 7 * ms, 7 * ms, None, 1 * ms),
+        (d, 5, a, 15 * ms, 16 * ms, 2 * ms, 3 * ms),
+    ], rows

@@ -11,8 +11,14 @@ request id (`request_id_hash_mismatch`: the text is dropped, the events
 kept) and text parts that do not make one id (`bad_request_text`). An open
 request silent for `requests.open_timeout_s` of its run's client time is
 evicted (`request_open_timeout`; its row ends 'evicted'; a later event of it
-is `request_after_eviction`), so open requests are bounded in time. Every
-good event is a `request_events` row. A request seen for the first time is
+is `request_after_eviction`), so open requests are bounded in time.
+Request ids are scoped by run group (`runs.group_key`): a process that
+only sees a request arrive (vLLM's caller or API server) and the one that
+serves it (the engine core) report the same id; the earlier of two runs
+of one group whose request is arrival-only is the hand-off, its row ends
+'handed' (not open, never evicted; a later event of it in that run is
+`request_after_handoff`) and `request_latency` takes the request's arrival
+from it. Every good event is a `request_events` row. A request seen for the first time is
 a `requests` row appended with its first decode; later decodes change its
 row (last event, end, counts, text) through one UPDATE per flush
 (`request_statements`, a store flush hook), so the writer does one
@@ -44,6 +50,7 @@ EVENT_NAMES = np.array([None, *wire.REQUEST_EVENTS], dtype=object)
 _FINISHED = wire.REQUEST_EVENT_CODES["finished"]
 _ABORTED = wire.REQUEST_EVENT_CODES["aborted"]
 _TOKEN = wire.REQUEST_EVENT_CODES["token"]
+_ARRIVED = wire.REQUEST_EVENT_CODES["arrived"]
 # Ended requests remembered per run, to count events that come after the
 # end; the oldest are forgotten first.
 DONE_MAX = 65536
@@ -53,18 +60,23 @@ DONE_MAX = 65536
 # `request_after_eviction`. Looked for at most once a second of client time.
 DEFAULT_OPEN_TIMEOUT_S = 600.0
 EVICTED = "evicted"
+# A request whose arrival a run of its group reported before the run that
+# serves it (vLLM's caller, then its engine core): the arrival's row ends so.
+HANDED = "handed"
 EVICT_EVERY_NS = 1_000_000_000
 
 
 class _RunRequests:
     """One run's requests as the decoder knows them."""
 
-    __slots__ = ("open", "done", "evict_at")
+    __slots__ = ("open", "done", "evict_at", "group")
 
-    def __init__(self):
-        self.open = {}  # request_id -> [last_ns, events, output_tokens, has_text]
-        self.done = {}  # request_id -> None (ended) or EVICTED, in the order they ended
+    def __init__(self, group=None):
+        # request_id -> [last_ns, events, output_tokens, has_text, first_ns, arrival_only]
+        self.open = {}
+        self.done = {}  # request_id -> None (ended), EVICTED or HANDED, in the order they ended
         self.evict_at = None  # client time of the next look for stale open requests
+        self.group = group  # runs.group_key
 
 
 class RequestDecoder:
@@ -73,6 +85,7 @@ class RequestDecoder:
     def _init_requests(self, store, open_timeout_s=DEFAULT_OPEN_TIMEOUT_S):
         self._req_open_timeout_ns = int(open_timeout_s * 1e9)
         self._req_runs = {}  # run_id -> _RunRequests
+        self._req_groups = {}  # group_key -> {run_id: _RunRequests} of runs with requests
         self._req_updates = {}  # (run_id, request_id) -> (last_ns, end, events, tokens, text)
         self._req_lock = threading.Lock()
         store.add_flush_hook(self.request_statements)
@@ -87,7 +100,10 @@ class RequestDecoder:
         run_id, pid = run.run_id, run.pid
         state = self._req_runs.get(run_id)
         if state is None:
-            state = self._req_runs[run_id] = _RunRequests()
+            group = getattr(run, "group_key", None)
+            state = self._req_runs[run_id] = _RunRequests(group)
+            if group is not None:
+                self._req_groups.setdefault(group, {})[run_id] = state
         texts, text_records = {}, 0
         if is_text.any():
             texts, text_records = self._request_texts(run, recs[is_text].view(TEXT_DTYPE))
@@ -116,14 +132,16 @@ class RequestDecoder:
             gone = [done.get(u, 0) for u in uniq.tolist()]  # 0: open, None: ended
             ended = np.fromiter((g is None for g in gone), dtype=bool, count=len(uniq))
             evicted = np.fromiter((g == EVICTED for g in gone), dtype=bool, count=len(uniq))
+            handed = np.fromiter((g == HANDED for g in gone), dtype=bool, count=len(uniq))
             late = ended[inv] | (np.arange(len(at)) > first_end[inv])
-            late &= ~evicted[inv]
+            late &= ~(evicted | handed)[inv]
             if late.any():
                 self._reject(run_id, pid, "request_after_finished", int(late.sum()))
                 ok[at[late]] = False
-            if evicted.any():
-                self._reject(run_id, pid, "request_after_eviction", int(evicted[inv].sum()))
-                ok[at[evicted[inv]]] = False
+            for gone_as, reason in ((evicted, "eviction"), (handed, "handoff")):
+                if gone_as.any():
+                    self._reject(run_id, pid, f"request_after_{reason}", int(gone_as[inv].sum()))
+                    ok[at[gone_as[inv]]] = False
         keep = np.flatnonzero(ok)
         if len(keep):
             self._store_requests(
@@ -154,6 +172,8 @@ class RequestDecoder:
         end = np.zeros(m, dtype=np.int64)
         ends = np.isin(code, (_FINISHED, _ABORTED))
         end[inv[ends]] = code[ends]
+        arrival_only = np.bincount(inv, weights=code != _ARRIVED, minlength=m) == 0
+        peers = self._group_peers(run_id, state)
         new = {k: [] for k in ("request_id", "text", "first_ns", "last_ns", "end", "ev", "tok")}
         updates = []
         for i, key in enumerate(uniq.tolist()):
@@ -161,6 +181,11 @@ class RequestDecoder:
             end_name = EVENT_NAMES[end[i]] if end[i] else None
             known = state.open.get(key)
             if known is None:
+                only = bool(arrival_only[i])
+                # also when this decode holds its whole life: the peer's
+                # arrival-only sighting is ended 'handed' then
+                if peers and self._handoff(peers, key, int(first[i]), only):
+                    end_name = HANDED  # another run of the group serves it
                 new["request_id"].append(key)
                 new["text"].append(text)
                 new["first_ns"].append(int(first[i]))
@@ -168,20 +193,22 @@ class RequestDecoder:
                 new["end"].append(end_name)
                 new["ev"].append(int(events[i]))
                 new["tok"].append(int(toks[i]))
-                known = [int(last[i]), int(events[i]), int(toks[i]), text is not None]
+                known = [int(last[i]), int(events[i]), int(toks[i]), text is not None,
+                         int(first[i]), only]  # fmt: skip
                 if end_name is None:
                     state.open[key] = known
             else:
                 known[0] = max(known[0], int(last[i]))
                 known[1] += int(events[i])
                 known[2] += int(toks[i])
+                known[5] = known[5] and bool(arrival_only[i])
                 if text is not None:
                     known[3] = True
                 updates.append((key, known[0], end_name, known[1], known[2], text))
                 if end_name is not None:
                     del state.open[key]
             if end_name is not None:
-                self._remember_done(state, key)
+                self._remember_done(state, key, HANDED if end_name == HANDED else None)
         if new["request_id"]:
             k = len(new["request_id"])
             self.store.append(
@@ -222,6 +249,38 @@ class RequestDecoder:
                         text = text or prev[4]
                     self._req_updates[(run_id, key)] = (last_ns, end_name, ev, tok, text)
 
+    def _group_peers(self, run_id, state):
+        """The other runs of `state`'s group that have requests (often none)."""
+        members = self._req_groups.get(state.group)
+        if not members or len(members) < 2:
+            return ()
+        return [(r, st) for r, st in members.items() if r != run_id]
+
+    def _handoff(self, peers, key, first_ns, arrival_only):
+        """A request new to its run that another run of its group knows:
+        True when this run's sighting is the hand-off (arrival-only, and
+        the earlier one or the other already ended); when the other run's
+        open sighting is the earlier arrival-only one, that one is ended
+        'handed' here. Two runs serving one id both keep their requests."""
+        for peer_id, peer in peers:
+            other = peer.open.get(key)
+            if other is not None:
+                if other[5] and other[4] <= first_ns:
+                    with self._req_lock:
+                        del peer.open[key]
+                        prev = self._req_updates.get((peer_id, key))
+                        text = prev[4] if prev is not None else None
+                        self._req_updates[(peer_id, key)] = (
+                            other[0], HANDED, other[1], other[2], text,
+                        )  # fmt: skip
+                    self._remember_done(peer, key, HANDED)
+                    return False
+                if arrival_only and first_ns <= other[4]:
+                    return True
+            elif arrival_only and key in peer.done and peer.done[key] is None:
+                return True  # it was served, and ended, before its arrival was read
+        return False
+
     def _note_texts(self, run_id, state, texts):
         """Texts of requests whose row exists (their `arrived` came in an
         earlier decode): set by the next flush's UPDATE, the rest unchanged."""
@@ -250,7 +309,7 @@ class RequestDecoder:
             return
         with self._req_lock:
             for key in stale:
-                last_ns, events, tokens, _ = state.open.pop(key)
+                last_ns, events, tokens = state.open.pop(key)[:3]
                 prev = self._req_updates.get((run_id, key))
                 text = prev[4] if prev is not None else None
                 self._req_updates[(run_id, key)] = (last_ns, EVICTED, events, tokens, text)
@@ -307,7 +366,12 @@ class RequestDecoder:
     def _forget_request_runs(self):
         """Drop the state of runs ingest no longer holds."""
         for run_id in [r for r in self._req_runs if r not in self.runs]:
-            del self._req_runs[run_id]
+            state = self._req_runs.pop(run_id)
+            members = self._req_groups.get(state.group)
+            if members is not None:
+                members.pop(run_id, None)
+                if not members:
+                    del self._req_groups[state.group]
 
     def request_statements(self):
         """The store's flush hook: one UPDATE of every `requests` row that

@@ -61,11 +61,14 @@ def request_section(con, where):
         for run, req, gap, step, cause, kind, ttft in hurt:
             why = {"preempted": "the engine preempted the request",
                    "not_scheduled": "steps ran without it"}.get(kind)  # fmt: skip
-            if why is None:
-                why = f"cause {cause}" if cause else "that step was not slow"
+            if why is None and step is None:
+                why = "its token was recorded outside any step"
+            elif why is None:
+                why = f"at step {step:,}, " + (f"cause {cause}" if cause else "not slow")
+            elif step is not None:
+                why = f"at step {step:,}, {why}"
             text += (
-                f"  run {run}, request {req}: worst inter-token gap {_ms(gap)} ms "
-                + (f"at step {step:,}, " if step is not None else "outside any step, ")
+                f"  run {run}, request {req}: worst inter-token gap {_ms(gap)} ms, "
                 + why
                 + (f" (TTFT {_ms(ttft)} ms)" if ttft is not None else "")
                 + "\n"

@@ -14,7 +14,7 @@ CREATE TABLE IF NOT EXISTS requests (
     text          VARCHAR,   -- the str id (its first 64 bytes of UTF-8), NULL for an int id or one never sent
     first_ns      BIGINT,    -- first stored event
     last_ns       BIGINT,    -- last stored event
-    end_event     VARCHAR,   -- 'finished' | 'aborted' | 'evicted' (silent past requests.open_timeout_s), NULL while open
+    end_event     VARCHAR,   -- 'finished' | 'aborted' | 'evicted' (silent past requests.open_timeout_s) | 'handed' (another run of its group serves it), NULL while open
     events        BIGINT,    -- stored events
     output_tokens BIGINT,    -- sum of the token counts of its `token` events
     stored_ns     BIGINT DEFAULT getvariable('stallscope_stored_ns')
