@@ -158,6 +158,33 @@ def test_each_request_arrives_in_the_caller_and_is_served_by_the_core(vllm_run):
           f"max {ahead[-1] / 1e6:.2f} ms")  # fmt: skip
 
 
+def test_request_times_match_vllms_own_clock(vllm_run):
+    # vLLM keeps per-request timestamps on the engine core's monotonic clock
+    # (RequestStateStats): queued when the scheduler took it, the first and
+    # last token when the core made their outputs. Ours, in the same
+    # process, on the same clock: the scheduler's arrival, the first and
+    # last token events. Each within 1 ms, for every request.
+    engine = {rid: t for rid, *t in vllm_run.summary["engine_times"]}
+    assert len(engine) == REQUESTS * ROUNDS and all(None not in t for t in engine.values())
+    rows = vllm_run.daemon.query(
+        "SELECT r.text, l.own_arrival_ns, "
+        "min(e.ts_ns) FILTER (e.event = 'token'), max(e.ts_ns) FILTER (e.event = 'token') "
+        "FROM request_latency l JOIN requests r USING (run_id, request_id) "
+        "JOIN request_events e USING (run_id, request_id) "
+        "WHERE l.run_id = ? AND r.end_event = 'finished' GROUP BY ALL",
+        [vllm_run.core],
+    )
+    diffs = []
+    for text, *ours in rows:
+        theirs = engine[text.rsplit("-", 1)[0]]
+        diffs.append([o - t for o, t in zip(ours, theirs, strict=True)])
+    assert len(diffs) == len(engine)
+    worst = [max(abs(d[k]) for d in diffs) for k in range(3)]
+    print(f"vLLM's own clock against ours, worst |diff| (queued, first token, last token): "
+          f"{', '.join(f'{w / 1e3:.0f} us' for w in worst)}")  # fmt: skip
+    assert max(worst) < 1_000_000, worst
+
+
 def test_aborted_requests_end_aborted_with_the_tokens_they_got(vllm_run):
     # finish_requests takes a list of ids; the preset records each abort
     # where the scheduler frees the request (status FINISHED_ABORTED)

@@ -90,6 +90,16 @@ def _counts(text):
     return {int(x) for x in text.split(",") if x.strip()} if text else set()
 
 
+def _engine_times(output):
+    """[caller's id, queued, first token, last token] in ns, from vLLM's
+    RequestStateStats (None where it kept none)."""
+    m = getattr(output, "metrics", None)
+    keys = ("queued_ts", "first_token_ts", "last_token_ts")
+    if m is None or not all(getattr(m, k, 0) for k in keys):
+        return [output.request_id, None, None, None]
+    return [output.request_id, *(int(getattr(m, k) * 1e9) for k in keys)]
+
+
 def _abort_mid_way(llm, prompts, max_tokens):
     """Requests added to the engine and aborted once each has a few tokens,
     as an API server aborts when its client goes (vLLM's own abort path)."""
@@ -152,6 +162,9 @@ def main():
             enforce_eager=True,
             max_model_len=512,
             seed=0,
+            # vLLM's own per-request timestamps (RequestOutput.metrics: the
+            # engine core's monotonic clock), which the tests hold ours to
+            disable_log_stats=False,
             worker_extension_cls=f"{os.path.splitext(os.path.basename(__file__))[0]}.WorkerHooks"
             if hooks
             else None,
@@ -183,6 +196,9 @@ def main():
         # the caller's request ids and each one's tokens (the engine core
         # keys a request by the caller's id plus a suffix of its own)
         "per_request": [[o.request_id, len(o.outputs[0].token_ids)] for o in outputs],
+        # vLLM's own clock per request (CLOCK_MONOTONIC ns, the engine
+        # core's): queued at the scheduler, first and last token output
+        "engine_times": [_engine_times(o) for o in outputs],
         "window_ns": [t0, t1],
         "generate_s": round((t1 - t0) / 1e9, 3),
         "worker_gc": passes,
