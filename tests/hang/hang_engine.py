@@ -5,7 +5,8 @@ busy steps of ~5 ms (batch 1) for STEPS_S, prints {"event": "hanging",
 "ns": monotonic ns} and starts one more step that never ends:
 - lock: the step waits in `wait_for_lock` on a lock that the thread
   "holder" took before blocking in `holder_reads_pipe` on a pipe nobody writes;
-- spin: the step spins in `spin_forever` (a Python loop counting in `COUNTER`);
+- spin: the step spins in `spin_forever` (a Python loop counting in
+  `COUNTER`, its time and count kept every 4,096 counts);
 - ccall: the step is inside `long_c_call`, a regular expression whose
   backtracking runs in C for hours, holding the GIL;
 - pause: the step sleeps PAUSE_S (in `pause_then_resume`), then the engine
@@ -13,7 +14,8 @@ busy steps of ~5 ms (batch 1) for STEPS_S, prints {"event": "hanging",
   (a hang that recovers);
 - idle: busy steps, then idle steps (batch 0) for 0.5 s, then it waits in
   a queue for work that never comes: never hung ({"event": "waiting"}).
-The main thread waits for a line on stdin, then prints the counter and exits.
+The main thread waits for a line on stdin, then prints the counter (and,
+if the line is a monotonic ns, the spinner's series from then on) and exits.
 Threads carry kernel names (prctl) so the dump can name them.
 """
 
@@ -31,6 +33,7 @@ import probe_client
 STEPS_S = 1.5
 PAUSE_S = 3.0
 COUNTER = [0]
+SERIES = ([0] * (1 << 18), [0] * (1 << 18))  # spin: (monotonic ns, count) every 4,096 counts
 LOCK = threading.Lock()
 
 
@@ -53,9 +56,17 @@ def wait_for_lock():
 
 
 def spin_forever():
-    n = COUNTER
+    # Every 4,096 counts the time and the count go into SERIES (a ring
+    # allocated up front), so that the counter's rate in any window of time
+    # can be read afterwards (a capture of the process must not slow it).
+    n, times, counts, mono = COUNTER, SERIES[0], SERIES[1], time.monotonic_ns
+    size, at = len(times), 0
     while True:
         n[0] += 1
+        if not n[0] & 4095:
+            times[at % size] = mono()
+            counts[at % size] = n[0]
+            at += 1
 
 
 def long_c_call():
@@ -117,8 +128,12 @@ def main():
     t = threading.Thread(target=step_thread, args=(probe, mode), daemon=True)
     t.start()
     print(json.dumps({"event": "ready", "pid": os.getpid()}), flush=True)
-    sys.stdin.readline()
+    line = sys.stdin.readline().strip()
     print(json.dumps({"event": "counter", "value": COUNTER[0]}), flush=True)
+    if line.isdigit():  # the spinner's series from that monotonic ns on
+        kept = sorted((t, c) for t, c in zip(*SERIES, strict=True) if t >= int(line))
+        print(json.dumps({"event": "series", "t": [t for t, _ in kept],
+                          "n": [c for _, c in kept]}), flush=True)  # fmt: skip
     os._exit(0)
 
 
