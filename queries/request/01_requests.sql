@@ -74,15 +74,6 @@ CREATE OR REPLACE VIEW request_latency AS
 WITH grp AS (       -- runs of run groups with more than one run
     SELECT run_id, group_key FROM runs WHERE group_key IS NOT NULL
     QUALIFY count(*) OVER (PARTITION BY group_key) > 1
-), handoff AS (     -- arrivals that another run of the group served
-    SELECT g.group_key, e.request_id,
-           min(e.ts_ns) AS arrival_ns,
-           arg_min(e.run_id, e.ts_ns) AS arrival_run_id
-    FROM request_events e
-    JOIN requests r USING (run_id, request_id)
-    JOIN grp g USING (run_id)
-    WHERE r.end_event = 'handed' AND e.event = 'arrived'
-    GROUP BY ALL
 ), own AS (
     SELECT run_id, request_id,
            min(ts_ns) FILTER (event = 'arrived') AS own_arrival_ns,
@@ -93,6 +84,15 @@ WITH grp AS (       -- runs of run groups with more than one run
            coalesce(sum(tokens) FILTER (event = 'token'), 0) AS output_tokens
     FROM request_events
     GROUP BY run_id, request_id
+), handoff AS (     -- arrivals that another run of the group served
+    SELECT g.group_key, o.request_id,
+           min(o.own_arrival_ns) AS arrival_ns,
+           arg_min(o.run_id, o.own_arrival_ns) AS arrival_run_id
+    FROM own o
+    JOIN requests r USING (run_id, request_id)
+    JOIN grp g USING (run_id)
+    WHERE r.end_event = 'handed' AND o.own_arrival_ns IS NOT NULL
+    GROUP BY ALL
 ), ev AS (
     SELECT o.*,
            least(o.own_arrival_ns, h.arrival_ns) AS arrival_ns,

@@ -18,11 +18,11 @@ serves it (the engine core) report the same id; the earlier of two runs
 of one group whose request is arrival-only is the hand-off, its row ends
 'handed' (not open, never evicted; a later event of it in that run is
 `request_after_handoff`) and `request_latency` takes the request's arrival
-from it. Every good event is a `request_events` row. A request seen for the first time is
-a `requests` row appended with its first decode; later decodes change its
-row (last event, end, counts, text) through one UPDATE per flush
-(`request_statements`, a store flush hook), so the writer does one
-statement per flush, not one per request. Per run the decoder remembers
+from it. Every good event is a `request_events` row. A request seen for
+the first time is a `requests` row appended with its first decode; later
+decodes change its row (last event, end, counts, text) through one UPDATE
+per flush (`request_statements`, a store flush hook), so the writer does
+one statement per flush, not one per request. Per run the decoder remembers
 its open requests (their running counts) and the last DONE_MAX ended ones
 (to see events after the end); Python work is per request, not per record.
 """
@@ -208,7 +208,7 @@ class RequestDecoder:
                 if end_name is not None:
                     del state.open[key]
             if end_name is not None:
-                self._remember_done(state, key, HANDED if end_name == HANDED else None)
+                self._remember_done(state, key, end_name if end_name == HANDED else None)
         if new["request_id"]:
             k = len(new["request_id"])
             self.store.append(
@@ -277,7 +277,7 @@ class RequestDecoder:
                     return False
                 if arrival_only and first_ns <= other[4]:
                     return True
-            elif arrival_only and key in peer.done and peer.done[key] is None:
+            elif arrival_only and peer.done.get(key, 0) is None:
                 return True  # it was served, and ended, before its arrival was read
         return False
 
