@@ -39,6 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "daemon"), str(ROOT)]
 
 from helpers.daemonproc import DaemonProcess  # noqa: E402
+from helpers.tasks import task_field  # noqa: E402
 
 ENGINE = str(ROOT / "tests" / "helpers" / "observer_engine.py")
 
@@ -56,17 +57,7 @@ def run_engine(sock, seconds, rate, step_ms):
 
 def thread_switches(pid):
     """{tid: (comm, voluntary switches)} of every thread of `pid`."""
-    out = {}
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{tid}/comm") as f:
-                comm = f.read().strip()
-            with open(f"/proc/{pid}/task/{tid}/status") as f:
-                vol = next(int(ln.split()[1]) for ln in f if ln.startswith("voluntary_"))
-        except (OSError, StopIteration, ValueError):
-            continue
-        out[int(tid)] = (comm, vol)
-    return out
+    return task_field(pid, "status", "voluntary_ctxt_switches", int)
 
 
 def traced_round(seconds, rate, step_ms):

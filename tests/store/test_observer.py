@@ -19,6 +19,7 @@ import pytest
 from helpers.daemonproc import DaemonProcess
 from helpers.faults import reconcile
 from helpers.privileged import require_privileged
+from helpers.tasks import task_field
 from helpers.waiting import wait_for
 
 pytestmark = [pytest.mark.daemon, pytest.mark.privileged]
@@ -48,17 +49,7 @@ def bcc_daemon(tmp_path, extra=(), cls=DaemonProcess):
 
 def policies(pid):
     """{tid: (comm, policy)} of every thread of `pid`."""
-    out = {}
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{tid}/comm") as f:
-                comm = f.read().strip()
-            with open(f"/proc/{pid}/task/{tid}/sched") as f:
-                policy = next(ln.split(":")[1].strip() for ln in f if ln.startswith("policy"))
-        except (OSError, StopIteration):
-            continue
-        out[int(tid)] = (comm, policy)
-    return out
+    return task_field(pid, "sched", "policy")
 
 
 def run_engine(sock, seconds, step_ms, pin, busy, rate=200):
