@@ -10,13 +10,15 @@ bytes and its digest are bytes, which the collector does not track), no
 send except when the buffer is full (the step's end or the flusher sends),
 and nothing raised: a bad event name, a negative or oversized token count or
 an id that is neither int nor str is counted in `errors` and
-`request_errors` and dropped. A str id is hashed here (`wire.request_key`,
-the same in every process), with no table kept; its text (at most
-`wire.REQ_TEXT_MAX` bytes of UTF-8) goes once, with `arrived`, in
-REQUEST_TEXT records right after the REQUEST in the same datagram. Every
-request event is written by this Python code, but for the batches of int
-ids with one count that a probe on the C record write (`_accel.c`) hands to
-its `request_tokens`, which writes the same bytes.
+`request_errors` and dropped. A str id is hashed at each call
+(`wire.request_key`, BLAKE2b-64, the same in every process), with no table
+kept; its text (at most `wire.REQ_TEXT_MAX` bytes of UTF-8) goes once, with
+`arrived`, in REQUEST_TEXT records right after the REQUEST in the same
+datagram. On the C record write (`_accel.c`), an event without text and
+the batches with one count are written by its `request_one` and
+`request_tokens` (the same bytes; int ids and ASCII str ids, which it
+hashes itself) whenever no thread holds the buffer lock and no send is
+due; everything else, and those when declined, by this Python code.
 """
 
 from operator import index as _index
@@ -65,6 +67,7 @@ class RequestEvents:
         self._lock_held = self._lock.locked
         # None without the C write, or with a build of _accel.c older than it
         self._accel_tokens = getattr(self._accel, "request_tokens", None)
+        self._accel_one = getattr(self._accel, "request_one", None)
 
     def request(self, request_id, event, tokens=None, ts_ns=None):
         """Record `event` of request `request_id` now; never raises.
@@ -94,6 +97,16 @@ class RequestEvents:
                     self._bad_request()
                     return
                 flags = _HAS_TOKENS
+            try:  # the thread's id, read once per thread (a syscall-free lookup)
+                tid = self._local.st.tid
+            except AttributeError:
+                tid = self._thread_state().tid
+            one = self._accel_one
+            if one is not None and one(
+                self.__dict__, self._buf, self._lock_held, _ROOM_ONE, t, tid, code, flags,
+                request_id, n,
+            ):  # fmt: skip
+                return  # written in C: an int or ASCII str id, no text, no send due
             if type(request_id) is int:
                 rid = request_id & _U64
                 raw = None
@@ -106,10 +119,6 @@ class RequestEvents:
             else:
                 rid = _index(request_id) & _U64
                 raw = None
-            try:  # the thread's id, read once per thread (a syscall-free lookup)
-                tid = self._local.st.tid
-            except AttributeError:
-                tid = self._thread_state().tid
             self._lock.acquire()
             try:
                 pos = self._pos
@@ -167,7 +176,7 @@ class RequestEvents:
             start = 0
             accel = self._accel_tokens
             if accel is not None and same is not None:
-                # int ids with one count, written in C while no thread
+                # int and ASCII str ids with one count, written in C while no thread
                 # holds the lock (byte for byte what the loop below
                 # writes); it stops where the Python path must go on
                 start = accel(

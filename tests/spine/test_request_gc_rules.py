@@ -18,6 +18,7 @@ import pytest
 
 import probe_client
 from helpers.waiting import wait_for
+from probe_client import wire
 
 pytestmark = pytest.mark.daemon
 
@@ -213,8 +214,10 @@ def test_the_c_batch_write_writes_the_python_bytes(monkeypatch, tmp_path):
     def calls(p):
         p.request_tokens(IDS, 1)
         p.request_tokens([0, -1, 1 << 64, (1 << 64) + 5, -(1 << 70), True], 7)  # masked to 64 bits
-        p.request_tokens([1, 2, "req-x", 3, 4], 2)  # C stops at the str, Python goes on
+        p.request_tokens([1, 2, "req-\u00e9", 3, "req-x"], 2)  # C stops at a non-ASCII str
         p.request_tokens((9, 8, 7), 0)  # a tuple
+        p.request_tokens(STR_IDS[:40], 3)  # ASCII str ids: hashed in C
+        p.request_tokens([5, _SameHash("req-y"), 6], 1)  # a str subclass: Python
 
     def overflow(p):
         calls(p)
@@ -222,7 +225,7 @@ def test_the_c_batch_write_writes_the_python_bytes(monkeypatch, tmp_path):
 
     c = _buffer_after(monkeypatch, tmp_path, True, calls)
     py = _buffer_after(monkeypatch, tmp_path, False, calls)
-    assert c == py and c[2] == 0 and len(c[0]) == 32 * (256 + 6 + 5 + 3)
+    assert c == py and c[2] == 0 and len(c[0]) == 32 * (256 + 6 + 5 + 3 + 40 + 3)
     # what is left after the send (written by the Python path after the C
     # write stopped at the buffer's end) and the sequence numbers agree too
     assert _buffer_after(monkeypatch, tmp_path, True, overflow) == _buffer_after(
@@ -238,8 +241,95 @@ def test_the_c_batch_write_writes_the_python_bytes(monkeypatch, tmp_path):
         with p._lock:  # a thread holds the lock: nothing written
             assert _accel.request_tokens(p.__dict__, p._buf, held, 16000, 5, 1, IDS, 1) == 0
         assert _accel.request_tokens(p.__dict__, p._buf, held, 16000, 5, 1, IDS, -1) == 0
+        n = _accel.request_tokens(p.__dict__, p._buf, held, 16000, 5, 1, STR_IDS[:3] + [b"x"], 1)
+        assert n == 3 and p._pos == 32 + 259 * 32  # str ids hashed, stopped at the bytes
         assert _accel.request_tokens(p.__dict__, p._buf, held, 16000, 5, 1, "abc", 1) == 0
         assert _accel.request_tokens() == 0  # never raises
-        assert p._pos == 32 + 256 * 32
+        assert p._pos == 32 + 259 * 32
     finally:
         p.close()
+
+
+@pytest.mark.skipif(probe_client.ACCELERATOR != "c", reason="the C record write is not built")
+def test_the_c_single_write_writes_the_python_bytes(monkeypatch, tmp_path):
+    from probe_client import _accel
+
+    def calls(p):
+        for i, event in enumerate(("scheduled", "token", "preempted", "finished", "aborted")):
+            p.request(1000 + i, event)
+            p.request(STR_IDS[i], event, tokens=i)  # a str id: its key, flag REQ_STR_ID
+        p.request((1 << 64) + 3, "token", tokens=(1 << 31) - 1)  # masked id, the largest count
+        p.request(-1, "finished", ts_ns=42)  # a given time
+        p.request(STR_IDS[7], "arrived", 9)  # with its text: the Python write
+        p.request(5, "arrived")  # an int arrival: no text, C
+        p.request("req-\u00e9", "token")  # not ASCII: hashed in Python
+        p.request(_SameHash("req-z"), "finished")  # a str subclass: Python
+
+    def overflow(p):
+        calls(p)
+        for i in range(600):  # past a datagram: the sends fall between C writes
+            p.request(i, "token")
+
+    c = _buffer_after(monkeypatch, tmp_path, True, calls)
+    py = _buffer_after(monkeypatch, tmp_path, False, calls)
+    assert c == py and c[2] == 0 and len(c[0]) == 32 * (10 + 2 + 3 + 1 + 2)
+    assert _buffer_after(monkeypatch, tmp_path, True, overflow) == _buffer_after(
+        monkeypatch, tmp_path, False, overflow
+    )
+    # and it was the C write, which declines (nothing written) when a
+    # thread holds the lock, a send is due or an argument is out of range
+    p = probe_client.connect(socket_path=str(tmp_path / "absent.sock"), gc=False)
+    try:
+        held = p._lock.locked
+        args = (p.__dict__, p._buf, held, 16000, 5, 7)
+        assert _accel.request_one(*args, 3, 1, 99, 1) is True and p._pos == 64
+        assert bytes(p._buf[32:64]) == bytes(
+            wire.REQUEST_RECORD.pack(wire.REC_REQUEST, 3, 1, 7, 5, 99, 1, 0)
+        )
+        with p._lock:
+            assert _accel.request_one(*args, 3, 1, 99, 1) is False
+        assert _accel.request_one(p.__dict__, p._buf, held, 64, 5, 7, 3, 1, 99, 1) is False
+        for bad in ((0, 1, 99, 1), (3, 1, 99, 1 << 31), (3, 1 << 16, 99, 1), (3, 1, b"x", 1),
+                    (3, 1, "\u00e9", 1), (3, 1, _SameHash("x"), 1), (3, 1, 99, True),
+                    (1, 0, "req-1", 0), (3, 1, 99.0, 1)):  # fmt: skip
+            assert _accel.request_one(*args, *bad) is False, bad
+        assert _accel.request_one() is False  # never raises
+        assert p._pos == 64
+        # an int id is masked to 64 bits, a str id hashed and flagged, as in Python
+        assert _accel.request_one(*args, 3, 1, -1, 1) is True
+        assert _accel.request_one(*args, 3, 1, "req-1", 1) is True
+        assert bytes(p._buf[64:128]) == wire.REQUEST_RECORD.pack(
+            wire.REC_REQUEST, 3, 1, 7, 5, wire.U64_MAX, 1, 0
+        ) + wire.REQUEST_RECORD.pack(
+            wire.REC_REQUEST, 3, 1 | wire.REQ_STR_ID, 7, 5, wire.request_key(b"req-1"), 1, 0
+        )
+    finally:
+        p.close()
+
+
+class _SameHash(str):
+    """A str id of a subclass (its own __hash__ and __eq__): the Python path hashes it."""
+
+    def __hash__(self):
+        return 1
+
+    def __eq__(self, other):
+        return True
+
+
+@pytest.mark.skipif(probe_client.ACCELERATOR != "c", reason="the C record write is not built")
+def test_the_c_hash_of_a_str_id_is_the_wire_key_at_every_length():
+    """_accel hashes ASCII str ids itself (BLAKE2b-64): the same key as
+    wire.request_key() at every length across the 128-byte block edges,
+    and it leaves every other str to Python."""
+    import random
+    import string
+
+    from probe_client import _accel
+
+    r = random.Random(7)
+    for n in range(0, 300):
+        s = "".join(r.choice(string.printable) for _ in range(n))
+        assert _accel.request_key(s) == wire.request_key(s.encode()), n
+    for other in ("\u00e9", "req-\U0001f600", _SameHash("x"), b"x", 5):
+        assert _accel.request_key(other) is None, other
