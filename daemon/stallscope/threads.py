@@ -71,6 +71,8 @@ _CAP_SYS_NICE = 23
 WAIT_FULL_MS = 20
 WAIT_WINDOW_S = 0.5
 WAIT_HOLD_S = 10
+# check_backlogs() forgets threads that ended at most this often.
+PRUNE_EVERY_S = 1.0
 log = logging.getLogger(log_channel(__name__))
 
 _lock = threading.Lock()
@@ -191,15 +193,16 @@ class _WaitShare:
 
     def level(self):
         now = time.monotonic_ns()
-        try:
-            with open(self.path) as f:
-                _, wait, slices = (int(x) for x in f.read().split()[:3])
-        except (OSError, ValueError):
-            return 1.0
-        if self.last is None:
-            self.last = (now, wait, slices)
-            return self.value
-        if now - self.last[0] >= WAIT_WINDOW_S * 1e9:
+        # the file is read once per window (the main loop asks ~10 times a second)
+        if self.last is None or now - self.last[0] >= WAIT_WINDOW_S * 1e9:
+            try:
+                with open(self.path) as f:
+                    _, wait, slices = (int(x) for x in f.read().split()[:3])
+            except (OSError, ValueError):
+                return 1.0
+            if self.last is None:
+                self.last = (now, wait, slices)
+                return self.value
             woke = slices - self.last[2]
             per_wake = (wait - self.last[1]) / woke if woke > 0 else 0.0
             self.value = per_wake / (WAIT_FULL_MS * 1e6)
@@ -235,6 +238,8 @@ def boost(tid=None):
             return True
     try:
         os.sched_setscheduler(tid, info.get("raise_to", SCHED_OTHER), os.sched_param(0))
+    except ProcessLookupError:
+        return False  # it ended (check_backlogs forgets it within PRUNE_EVERY_S)
     except OSError:
         with _lock:
             _state["boost_refused"] += 1
@@ -294,10 +299,15 @@ def check_backlogs():
     """Boost background threads whose backlog passed BOOST_ABOVE, unboost those
     back under UNBOOST_BELOW; called by a thread that always runs (the paced
     main loop). Returns the names boosted now."""
-    alive = set(_task_ids())
+    now = time.monotonic()
+    alive = None
+    if now >= _state.get("next_prune", 0.0):  # ended threads are few: once a second
+        _state["next_prune"] = now + PRUNE_EVERY_S
+        alive = set(_task_ids())
     with _lock:
-        for tid in [t for t in _threads if t not in alive]:
-            del _threads[tid]  # a thread that ended (a probe stopped)
+        if alive is not None:
+            for tid in [t for t in _threads if t not in alive]:
+                del _threads[tid]  # a thread that ended (a probe stopped)
         items = [(tid, info) for tid, info in _threads.items() if info["backlog"] is not None]
     boosted = []
     for tid, info in items:

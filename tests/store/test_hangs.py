@@ -98,3 +98,55 @@ def test_other_tables_and_other_kinds_are_ignored():
     d.on_batch("spans", t)
     d.on_batch("gc_events", steps(1, [1.0]))
     assert d.check(100 * S) == ([], []) and d.runs == {}
+
+
+def test_the_fold_is_the_step_by_step_rule_on_mixed_batches():
+    """_fold's numpy form gives what the per-step rule (rules.is_idle with
+    the thread's batch reporting as of that step) gives, step by step."""
+    import random
+
+    import numpy as np
+
+    from stallscope.store.hangs import RunWatch
+    from stallscope.vocab import rules
+
+    rng = random.Random(5)
+    for _ in range(200):
+        n = rng.randint(1, 30)
+        tids = np.array([rng.choice([7, 8, 9]) for _ in range(n)])
+        sizes = np.array([rng.choice([0, 0, 1, 4]) for _ in range(n)])
+        marked = np.array([rng.random() < 0.2 for _ in range(n)])
+        ends = np.array([rng.choice([10, 20, 30, 40]) * 1000 for _ in range(n)], dtype=np.int64)
+        starts = ends - np.array([rng.randint(1, 9) for _ in range(n)], dtype=np.int64)
+        seen = {rng.choice([7, 8])} if rng.random() < 0.5 else set()
+        hung = rng.random() < 0.3
+        got = RunWatch(1, last_end_ns=20_000, reports_batch=set(seen), hung_since_ns=hung)
+        want = RunWatch(1, last_end_ns=20_000, reports_batch=set(seen), hung_since_ns=hung)
+        HangDetector._fold(got, tids, sizes, marked, starts, ends)
+        for i in range(n):  # the rule, one step at a time
+            tid = int(tids[i])
+            if sizes[i]:
+                want.reports_batch.add(tid)
+            idle = rules.is_idle(int(sizes[i]), bool(marked[i]), tid in want.reports_batch)
+            if not idle:
+                want.durations.append(int(ends[i] - starts[i]))
+            if ends[i] >= want.last_end_ns:
+                want.last_end_ns, want.last_idle = int(ends[i]), idle
+            if want.hung_since_ns and not want.recovered_ns:
+                want.recovered_ns = int(ends[i])
+        assert got == want, (tids, sizes, marked, ends)
+
+
+def test_next_due_says_when_the_first_run_could_be_hung():
+    d, pids = detector(pids={1: 100, 2: 200}, min_threshold_ns=5 * S)
+    d.check(int(1.0 * S))
+    assert d.next_due_ns is None  # no step yet: nothing can hang
+    d.on_batch("spans", steps(1, [1.0]))
+    d.on_batch("spans", steps(2, [2.0]))
+    d.check(int(3.0 * S))
+    assert d.next_due_ns == 3 * S + 1  # run 1: 2 s silent of 5 s
+    d.on_batch("spans", steps(1, [2.5], batch=0))  # run 1 idle: only run 2 counts
+    d.check(int(3.0 * S))
+    assert d.next_due_ns == 4 * S + 1
+    started, _ = d.check(int(7.5 * S))
+    assert [ep.run_id for ep in started] == [2] and d.next_due_ns == 0  # hung: every tick

@@ -122,9 +122,10 @@ class RecordDecoder:
         return self._changes != self._changes_decoded
 
     def progress_statements(self):
-        """The store's flush hook: one UPDATE of `runs` progress (last_seq,
-        records) for every run that moved since the last flush, not one per
-        decode (~2.5 ms apiece, whatever the number of runs)."""
+        """The store's flush hook: the UPDATE of `runs` progress (last_seq,
+        records) of every run that moved since the last flush, not one per
+        decode: a keyed UPDATE per run for one or two runs, else one joined
+        UPDATE for all (~1.8 ms, whatever the number of runs)."""
         with self._progress_lock:
             progress, self._progress = self._progress, {}
         if not progress:
@@ -132,6 +133,16 @@ class RecordDecoder:
         ids = list(progress)
         last = [progress[i][0] for i in ids]
         recs = [progress[i][1] for i in ids]
+        if len(ids) <= 2:
+            # the join below costs ~1.8 ms a flush, a keyed UPDATE ~0.8 ms
+            return [
+                (
+                    "UPDATE runs SET last_seq = ?, records = ?, "
+                    f"stored_ns = {STORED_NS_SQL} WHERE run_id = ?",
+                    [last[i], recs[i], ids[i]],
+                )
+                for i in range(len(ids))
+            ]
         return [
             (
                 "UPDATE runs SET last_seq = u.last_seq, records = u.records, "

@@ -12,7 +12,17 @@ changes of its state with `sink.status(...)`.
 but detached); the daemon turns that into `coverage` rows per run.
 """
 
+import threading
+import time
 from dataclasses import dataclass, field
+
+# A reader with no process to follow keeps its cadence this long after the
+# last one left (its late records, the kernel's per-thread tails, a process
+# that reconnects), then parks; parked, it still looks once every
+# PARK_CHECK_S. An idle daemon's four ring readers and its steal reader woke
+# ~10 times a second for nothing (0.2-0.3 % of a core: bench/daemon_footprint.py).
+PARK_AFTER_S = 10.0
+PARK_CHECK_S = 10.0
 
 
 def _key(default, doc, **declared):
@@ -219,6 +229,45 @@ class ProbeSettings:
         "costs the daemon ~1 ms whatever it holds)",
         minimum=1,
     )
+
+
+class ReaderPark:
+    """The wait of a probe's reader thread, which sleeps while no process is
+    followed: its kernel program filters on the followed processes (or, for
+    steal, its rows only matter to their steps), so nothing it could read
+    matters then. The probe calls `followed(n)` from track()/untrack() with
+    how many processes it follows, and `wake()` after setting its stop
+    event."""
+
+    def __init__(self):
+        self._event = threading.Event()
+        self._empty_since = time.monotonic()  # None while something is followed
+
+    def followed(self, n):
+        if n:
+            self._empty_since = None
+            self._event.set()
+        elif self._empty_since is None:
+            self._empty_since = time.monotonic()
+
+    def wake(self):
+        self._event.set()
+
+    @property
+    def parked(self):
+        since = self._empty_since
+        return since is not None and time.monotonic() - since >= PARK_AFTER_S
+
+    def wait(self, stop, wait_s):
+        """Sleep `wait_s` (or until `stop` is set), or while parked until a
+        process is followed again, `stop` is set or PARK_CHECK_S passed.
+        Returns whether `stop` is set, like `stop.wait()`."""
+        if not self.parked:
+            return stop.wait(wait_s)
+        self._event.clear()
+        if self._empty_since is not None and not stop.is_set():
+            self._event.wait(PARK_CHECK_S)  # followed() and wake() set it
+        return stop.is_set()
 
 
 class Sink:

@@ -20,7 +20,7 @@ import time
 
 from stallscope import threads
 from stallscope.probes import bpf_common
-from stallscope.probes.base import Probe
+from stallscope.probes.base import Probe, ReaderPark
 from stallscope.vocab.log_channels import log_channel
 
 log = logging.getLogger(log_channel(__name__))
@@ -80,6 +80,7 @@ class BccTracepointProbe(Probe):
         self._sink = None
         self._lock = threading.Lock()  # one drainer at a time
         self._stop = threading.Event()
+        self._park = ReaderPark()  # the reader sleeps while nothing is tracked
         self._thread = None
         self._tracked = set()
         self._attached = False
@@ -149,6 +150,7 @@ class BccTracepointProbe(Probe):
         if self._bpf is None:
             return
         self._stop.set()
+        self._park.wake()
         if self._thread is not None:
             self._thread.join()
             self._thread = None
@@ -198,6 +200,7 @@ class BccTracepointProbe(Probe):
     def track(self, pid):
         pid = int(pid)
         self._tracked.add(pid)
+        self._park.followed(len(self._tracked))
         if self._bpf is not None:
             self._load_tracked(pid)
 
@@ -207,6 +210,7 @@ class BccTracepointProbe(Probe):
     def untrack(self, pid):
         pid = int(pid)
         self._tracked.discard(pid)
+        self._park.followed(len(self._tracked))
         if self._bpf is None:
             return
         try:
@@ -224,7 +228,7 @@ class BccTracepointProbe(Probe):
         t_cpu = time.thread_time_ns()
         cadence = bpf_common.Cadence(self.poll_s)
         wait_s = self.poll_s
-        while not self._stop.wait(wait_s):
+        while not self._park.wait(self._stop, wait_s):
             try:
                 # A detached probe's ring stays empty: read it rarely.
                 wait_s = cadence.next(self.drain())

@@ -8,9 +8,11 @@ Loads `cuda_bcc.c` and attaches it as uprobes (entry) and uretprobes
 entry points, with every `_v2`/`_ptsz`/`_ptds` variant the library exports,
 per traced process only: a process that is not traced never enters the
 program. The library is the one the process maps (a `probes.cuda_library`
-file in /proc/PID/maps), looked for again every `cuda_rescan_ms` until found,
-so a driver dlopen'ed after start is attached too (calls made before that
-rescan are not seen). A call of at least `cuda_threshold_us` is one exact
+file in /proc/PID/maps), looked for again every `cuda_rescan_ms` until found
+while the probe is attached (a diagnosis window; at the attach too),
+and every DETACHED_RESCAN_S while it is not (nothing is recorded then; the
+maps of a torch process are thousands of lines), so a driver dlopen'ed after
+start is attached too (calls made before that rescan are not seen). A call of at least `cuda_threshold_us` is one exact
 `cuda_calls` row named after its entry point; shorter calls are summed per
 (thread, kind) in the kernel. Calls through pointers from `cuGetProcAddress`
 reach the same entry points and are counted; cudart's private export tables
@@ -35,6 +37,12 @@ from stallscope.probes.bpf_probe import BccTracepointProbe
 from stallscope.probes.cpu_elf import MapsSymbolizer, _Module
 
 log = logging.getLogger(__name__)
+
+# The maps of a process that does not map the driver are read again this
+# often while the probe is detached: only probe_status's "idle" line needs
+# it then (0.16-0.2 % of a core went to 4 reads a second of one small
+# process's maps, bench/daemon_footprint.py), and attach() rescans at once.
+DETACHED_RESCAN_S = 5.0
 
 _KINDS = bpf_common.header_defines("cuda_bcc.h", "CU_KIND_")
 KIND_NAMES = {
@@ -123,6 +131,7 @@ class BccCudaProbe(BccTracepointProbe):
         self._symbols = MapsSymbolizer(s.proc_root)
         self._names = {}  # (pid, ip) -> entry point name
         self._scan_stop = threading.Event()
+        self._scan_wake = threading.Event()
         self._scanner = None
         self._closer = None  # the thread closing detached uprobes (slow: see _closing)
         self._to_close = []  # (bcc event name, perf event fd) waiting for it
@@ -141,12 +150,14 @@ class BccCudaProbe(BccTracepointProbe):
 
     def _started(self):
         self._scan_stop.clear()
+        self._scan_wake.clear()
         self._scanner = threading.Thread(target=self._scan_loop, name="stallscope-cuda-scan",
                                          daemon=True)  # fmt: skip
         self._scanner.start()
 
     def stop(self):
         self._scan_stop.set()
+        self._scan_wake.set()
         if self._scanner is not None:
             self._scanner.join()
             self._scanner = None
@@ -185,12 +196,23 @@ class BccCudaProbe(BccTracepointProbe):
 
     def _scan_loop(self):
         threads.background("cuda-scan")
-        while not self._scan_stop.wait(self.rescan_s):
-            for pid in [p for p in list(self._tracked) if p not in self._libs]:
-                try:
-                    self._scan(pid)
-                except Exception:  # a vanished process, a bad file: next time
-                    log.debug("cuda probe: scan of pid %d failed", pid, exc_info=True)
+        while True:
+            # attach() and stop() wake it: the wait is long while detached
+            self._scan_wake.wait(self._rescan_wait())
+            self._scan_wake.clear()
+            if self._scan_stop.is_set():
+                return
+            self._scan_missing()
+
+    def _rescan_wait(self):
+        return self.rescan_s if self._attached else max(self.rescan_s, DETACHED_RESCAN_S)
+
+    def _scan_missing(self):
+        for pid in [p for p in list(self._tracked) if p not in self._libs]:
+            try:
+                self._scan(pid)
+            except Exception:  # a vanished process, a bad file: next time
+                log.debug("cuda probe: scan of pid %d failed", pid, exc_info=True)
 
     def _scan(self, pid):
         """Look for the driver in `pid`'s maps; attach to it when found (and attached)."""
@@ -206,7 +228,8 @@ class BccCudaProbe(BccTracepointProbe):
                 self._set_idle(
                     pid,
                     f"no {self.library}* mapped (looking again every "
-                    f"{self.rescan_s * 1000:.0f} ms, cuda_rescan_ms)",
+                    f"{self.rescan_s * 1000:.0f} ms, cuda_rescan_ms, while attached; "
+                    f"every {max(self.rescan_s, DETACHED_RESCAN_S):g} s while detached)",
                 )
                 return
             try:
@@ -333,6 +356,7 @@ class BccCudaProbe(BccTracepointProbe):
                 self._load_tracked(pid)
             for pid in list(self._libs):
                 self._attach_pid(pid)
+            self._scan_wake.set()  # the scanner looks now, then at cuda_rescan_ms
             self._report()
 
     def detach(self):

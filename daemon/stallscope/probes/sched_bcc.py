@@ -24,7 +24,7 @@ import numpy as np
 
 from stallscope import threads
 from stallscope.probes import bpf_common
-from stallscope.probes.base import Probe
+from stallscope.probes.base import Probe, ReaderPark
 from stallscope.probes.sched_resolve import TgidResolver, who_columns
 from stallscope.probes.sched_summary import ThreadSummaries
 
@@ -95,6 +95,7 @@ class BccSchedProbe(Probe):
         self._sink = None
         self._lock = threading.Lock()  # one drainer at a time
         self._stop = threading.Event()
+        self._park = ReaderPark()  # the reader sleeps while nothing is tracked
         self._thread = None
         self._tracked = set()
         self._records = 0
@@ -173,6 +174,7 @@ class BccSchedProbe(Probe):
         if self._bpf is None:
             return
         self._stop.set()
+        self._park.wake()
         if self._thread is not None:
             self._thread.join()
             self._thread = None
@@ -194,6 +196,7 @@ class BccSchedProbe(Probe):
     def track(self, pid):
         pid = int(pid)
         self._tracked.add(pid)
+        self._park.followed(len(self._tracked))
         if self._bpf is not None:
             self._load_tracked(pid)
 
@@ -217,6 +220,7 @@ class BccSchedProbe(Probe):
 
         pid = int(pid)
         self._tracked.discard(pid)
+        self._park.followed(len(self._tracked))
         self._step_threads.pop(pid, None)
         with self._lock:
             for key in [k for k in self._verify_base if k[0] == pid]:
@@ -267,7 +271,7 @@ class BccSchedProbe(Probe):
         t_cpu = time.thread_time_ns()
         cadence = bpf_common.Cadence(self.poll_s)
         wait_s = self.poll_s
-        while not self._stop.wait(wait_s):
+        while not self._park.wait(self._stop, wait_s):
             try:
                 wait_s = cadence.next(self.drain())
                 # The kernel's per-program recursion counts are one fdinfo

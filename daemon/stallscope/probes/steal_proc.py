@@ -7,8 +7,11 @@ read] and the steal inside it in ns. The kernel keeps steal in ns from the
 hypervisor's steal clock (CONFIG_PARAVIRT_TIME_ACCOUNTING) but /proc/stat
 shows it in USER_HZ ticks (10 ms), so a row's steal_ns is exact up to one
 tick at each end; rows are written only where steal happened, so inside
-this probe's coverage a missing row means none. Host-wide: track() only
-decides nothing. It never blocks on anything but the procfs read.
+this probe's coverage a missing row means none. Host-wide: track() and
+untrack() only say whether any process is followed; with none for
+`base.PARK_AFTER_S` the reader sleeps until one is (the next row then spans
+the pause, with its whole steal). It never blocks on anything but the
+procfs read.
 """
 
 import logging
@@ -19,7 +22,7 @@ import time
 import numpy as np
 
 from stallscope import threads
-from stallscope.probes.base import Probe
+from stallscope.probes.base import Probe, ReaderPark
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +70,8 @@ class ProcStealProbe(Probe):
         self._sink = None
         self._last = None  # (ts_ns, {cpu: ticks})
         self._stop = threading.Event()
+        self._park = ReaderPark()  # no traced process: its rows would serve no step
+        self._followed = set()
         self._thread = None
         self._lock = threading.Lock()
         self.rows = 0
@@ -87,7 +92,7 @@ class ProcStealProbe(Probe):
         # row that ends a quiet stretch then starts where it began, with the
         # same total); any steal brings it back to steal_poll_ms.
         wait_s = self.poll_s
-        while not self._stop.wait(wait_s):
+        while not self._park.wait(self._stop, wait_s):
             try:
                 rows = self.sample()
             except Exception:
@@ -120,10 +125,19 @@ class ProcStealProbe(Probe):
             self.rows += len(cpus)
             return len(cpus)
 
+    def track(self, pid):
+        self._followed.add(int(pid))
+        self._park.followed(len(self._followed))
+
+    def untrack(self, pid):
+        self._followed.discard(int(pid))
+        self._park.followed(len(self._followed))
+
     def stop(self):
         if self._thread is None:
             return
         self._stop.set()
+        self._park.wake()
         self._thread.join()
         self._thread = None
         try:

@@ -1,8 +1,9 @@
 """The hang watchdog: notices a run that stopped making progress and dumps every thread.
 
 Wiring around `store.hangs.HangDetector` (a store listener that folds step
-ends) and `probes.hang_proc` (the /proc reader). Its own thread ticks every
-TICK_S: runs that became hung get one `hang_dumps` row per episode and,
+ends) and `probes.hang_proc` (the /proc reader). Its own thread ticks when
+a run could first be hung (every TICK_S to MAX_TICK_S): runs that became
+hung get one `hang_dumps` row per episode and,
 unless a dump of the same run was taken less than `min_dump_interval_s`
 ago (then the row says so and the episode is still counted), their threads
 in `hang_dump_frames`: a thread the CPU sampler saw on CPU in the last
@@ -34,6 +35,12 @@ from stallscope.vocab.log_channels import log_channel
 log = logging.getLogger(log_channel(__name__))
 
 TICK_S = 0.2
+# Between ticks it sleeps until the first run could be found hung (the
+# detector's next_due_ns: a busy run's threshold less its silence), at
+# least TICK_S and at most MAX_TICK_S (a run that turns busy meanwhile, or
+# a per-run threshold below the default, is looked at within it): an engine
+# at 200 steps/s with a 5 s threshold costs ~1 tick a second, not 5.
+MAX_TICK_S = 1.0
 # With no run watched (no step seen yet), a tick is due this rarely: an idle
 # daemon wakes only a few times a second (tests/store/test_footprint.py).
 IDLE_TICK_S = 1.0
@@ -134,11 +141,19 @@ class HangWatchdog:
     # ----- the tick ------------------------------------------------------------------------------
     def _loop(self):
         threads.paced("hang-watchdog")  # a hung engine may hold every CPU but ours
-        while not self._stop.wait(TICK_S if self.detector.runs else IDLE_TICK_S):
+        while not self._stop.wait(self._next_tick_s()):
             try:
                 self.tick(time.monotonic_ns())
             except Exception:
                 log.exception("hang watchdog: tick failed; continuing")
+
+    def _next_tick_s(self):
+        if not self.detector.runs:
+            return IDLE_TICK_S
+        due = self.detector.next_due_ns
+        if due is None:
+            return MAX_TICK_S
+        return min(max(due / 1e9, TICK_S), MAX_TICK_S)
 
     def tick(self, now_ns):
         seen = getattr(self.daemon.ingest, "caught_up_ns", None)
