@@ -149,6 +149,13 @@ def main():
     parser.add_argument("--requests", type=int, default=48)
     parser.add_argument("--new-tokens", type=int, default=24)
     parser.add_argument(
+        "--daemon-arg",
+        action="append",
+        default=[],
+        help="one more argument of the daemon (repeatable), e.g. --daemon-arg=--no-cpu-sampler "
+        "--daemon-arg=--kernel-causes=none: which probe's kernel side costs the engine what",
+    )
+    parser.add_argument(
         "--only",
         action="append",
         default=None,
@@ -207,7 +214,7 @@ def main():
             tmp / "probe.sock",
             db,
             tmp / "daemon.log",
-            ["--sched-backend", "none", "--gpu-backend", "none"],
+            ["--sched-backend", "none", "--gpu-backend", "none", *args.daemon_arg],
         ).start()
         manager = model.init_continuous_batching(
             generation_config=config, continuous_batching_config=cb
