@@ -8,6 +8,9 @@ finds (bcc sched and the kernel-cause probes as root; no GPU here). Modes:
   steps   one engine process at 200 steps/s x 4 spans (sleeps between steps,
           so every step is also a few sched switches)
   demo    the demo's scenario engine (`stallscope.demo.scenario`, ~475 spans/s)
+  transformers  HF transformers' continuous batching, torch CPU with 2 intra-op
+          threads, 8 requests/s, under `stallscope run --preset transformers`
+          (the engines extra; the engine's start-up is inside the warm-up)
   flood   4 sender processes replay 127-record datagrams as fast as the daemon
           takes them (sched and gpu probes off, as bench/ingest_throughput.py):
           peak RSS (VmHWM) and records stored
@@ -170,6 +173,17 @@ def start_load(mode, d, seconds):
     if mode == "demo":
         cmd = [py, "-m", "stallscope.demo.scenario", d.sock, "--duration", str(seconds)]
         cmd += ["--rate", "1", "--label", "demo", "--submit-jitter", "0.017:3"]
+        return [subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL)]
+    if mode == "transformers":
+        # HF transformers' continuous batching (torch CPU, 2 intra-op
+        # threads: an OpenMP pool) under `stallscope run --preset transformers`
+        engine = str(
+            Path(__file__).resolve().parent.parent / "daemon/stallscope/demo/transformers_engine.py"
+        )
+        cmd = [py, "-m", "stallscope.cli", "run", "--socket", d.sock, "--preset", "transformers",
+               "--", py, engine, "--serve-seconds", str(seconds), "--rate", "8",
+               "--torch-threads", "2"]  # fmt: skip
+        env.pop("OMP_NUM_THREADS", None)
         return [subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL)]
     if mode == "flood":
         return [
