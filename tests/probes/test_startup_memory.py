@@ -31,8 +31,11 @@ def status():
                 out[k] = int(v.split()[0])
     return out
 
+# resident kB of the compiler libraries: all of it, and the clean pages only
+# this process maps (what MADV_PAGEOUT can reclaim: pages another process
+# maps too, e.g. the test runner that imported bcc, are kept)
 def compiler_kb():
-    kb = 0
+    kb = {"rss": 0, "private_clean": 0}
     with open("/proc/self/smaps") as f:
         inside = False
         for line in f:
@@ -40,7 +43,9 @@ def compiler_kb():
             if "-" in head[0] and len(head) >= 5:
                 inside = len(head) >= 6 and any(n in head[5] for n in COMPILER_LIBRARIES)
             elif inside and head[0] == "Rss:":
-                kb += int(head[1])
+                kb["rss"] += int(head[1])
+            elif inside and head[0] == "Private_Clean:":
+                kb["private_clean"] += int(head[1])
     return kb
 
 BPF(text="int f(void *ctx) { return 0; }")
@@ -65,10 +70,11 @@ def test_compiler_pages_and_free_heap_are_handed_back_and_bcc_still_compiles():
 
     r = json.loads(out.stdout.strip().splitlines()[-1])
     before, after = r["before"], r["after"]
-    assert r["advised"] > 0 and before["compiler"] > 20_000, r  # > 20 MB of LLVM/clang resident
-    # pages other processes map too stay (MADV_PAGEOUT leaves shared pages):
-    # here 84 -> 57 MB of compiler pages and 78 -> 49 MB of heap in one run
-    drop = before["compiler"] - after["compiler"]
-    assert drop >= 0.2 * before["compiler"], r
-    assert after["RssFile"] <= before["RssFile"] - 0.8 * drop, r
-    assert after["RssAnon"] < before["RssAnon"], r  # the trimmed heap
+    assert r["advised"] > 0 and before["compiler"]["rss"] > 20_000, r  # > 20 MB of LLVM/clang
+    # the clean pages only this process mapped are gone (84 -> 57 MB of
+    # compiler pages in a process alone with them; in a suite whose runner
+    # imported bcc most are shared and stay)
+    private = before["compiler"]["private_clean"]
+    assert after["compiler"]["private_clean"] <= 0.2 * private, r
+    assert after["compiler"]["rss"] <= before["compiler"]["rss"] - 0.8 * private, r
+    assert after["RssAnon"] < before["RssAnon"] - 10_000, r  # the trimmed heap (78 -> 49 MB)

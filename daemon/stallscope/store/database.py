@@ -132,6 +132,10 @@ PROBE_TABLES = frozenset(
         "nvml_samples",
         "nvml_clock_sync",
         "daemon_stats",
+        # the CPU sampler's rows, written together (a stack before its samples)
+        "cpu_samples",
+        "cpu_stacks",
+        "cpu_frames",
     }
 )
 # Tables never dropped at the bound: they are the record of what was lost.
