@@ -102,6 +102,9 @@ class Recovery:
                         batches.pop(0)
                     excess -= k
                     dropped_rows += k
+            # a table whose every batch was dropped leaves no empty list behind
+            # (the next flush would try to merge nothing: a spurious error)
+            self._tables = {t: bs for t, bs in self._tables.items() if bs}
             extra = len(self._statements) - MAX_RETAINED_STATEMENTS
             if extra > 0:
                 # Oldest first; mostly superseded `UPDATE runs` bookkeeping.
