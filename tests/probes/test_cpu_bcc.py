@@ -378,3 +378,35 @@ def test_perfetto_export_has_samples_with_callstacks_on_thread_tracks(traced, tm
                 LINES["C_BODY"] + 1,
             )
     assert chains >= 0.95 * len(spinner)
+
+
+def test_a_rate_other_than_1khz_is_what_the_views_count_samples_at(tmp_path):
+    """cpu_sample_hz reaches the views: the cpu coverage rows carry it and
+    step_attribution's sampling period follows (the views read 1 kHz for
+    rows without a rate: at 250 Hz every on-CPU component would be a
+    quarter of its size), and a busy step of ~0.7 ms x N holds about
+    duration / 4 ms samples."""
+    require_privileged(
+        is_root() and BccCpuProbe.unavailable() is None,
+        f"requires root and bcc: {BccCpuProbe.unavailable()}",
+    )
+    daemon = DaemonProcess(
+        tmp_path, sched_backend="none", extra_args=["--cpu-sampler", "--cpu-sample-hz", "250"]
+    )
+    daemon.start(timeout_s=90)
+    try:
+        run = Engine(pythons.SYSTEM_PYTHON, daemon.socket, "steps", 3).run()
+    finally:
+        rc, _ = daemon.stop(timeout_s=30)
+    assert rc == 0, daemon.new_log()
+    run_id = daemon.scalar("SELECT run_id FROM runs WHERE pid = ?", [run["ready"]["pid"]])
+    hz = daemon.query("SELECT DISTINCT sample_hz FROM coverage WHERE probe = 'cpu'")
+    assert hz == [(250.0,)], hz
+    period, samples, on_cpu_ms = daemon.query(
+        "SELECT any_value(cpu_sample_period_ns), sum(cpu_samples), sum(duration_ns) / 1e6 "
+        "FROM step_attribution WHERE run_id = ? AND cpu_samples IS NOT NULL",
+        [run_id],
+    )[0]
+    assert period == 4_000_000
+    # the steps are on CPU nearly all their time: ~one sample per 4 ms of them
+    assert 0.5 * on_cpu_ms / 4 <= samples <= 1.5 * on_cpu_ms / 4, (samples, on_cpu_ms)

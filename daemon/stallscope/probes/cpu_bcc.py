@@ -283,6 +283,12 @@ class BccCpuProbe(Probe):
     def covering(self):
         return self._bpf is not None
 
+    @property
+    def sample_hz(self):
+        """Samples a second of a thread on CPU (its coverage rows say so: the
+        views turn samples into time with it)."""
+        return self.hz
+
     def detail(self):
         return (
             f"{self.hz:g} Hz per tracked thread on CPU, Python frames up to depth "

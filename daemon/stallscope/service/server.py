@@ -321,6 +321,8 @@ class Daemon:
                 log.error("%s probe (%s) failed to start: %s", name, cls.backend, exc)
                 continue
             self.probes.append(probe)
+            if getattr(probe, "sample_hz", None):  # a sampler: its rows are this many a second
+                self.coverage.sample_hz[name] = probe.sample_hz
             detail = [getattr(probe, "detail", lambda: "")()] + [r for _, r in skipped]
             self.store.record_probe_status(
                 name, cls.backend, "active", "; ".join(d for d in detail if d)

@@ -19,6 +19,9 @@ from stallscope.vocab.schema import STORED_NS_SQL
 class Coverage:
     def __init__(self, store):
         self.store = store
+        # probe -> samples per second of its rows (the CPU sampler's
+        # cpu_sample_hz: the views turn samples into time with it)
+        self.sample_hz = {}
         self._open = {}  # (run_id, probe) -> start_ns
         self._runs = {}  # run_id -> pid of live runs
         self._lock = threading.Lock()
@@ -70,8 +73,9 @@ class Coverage:
             return
         self._open[(run_id, probe)] = now_ns
         self.store.sql(
-            "INSERT INTO coverage (run_id, probe, start_ns, end_ns) VALUES (?, ?, ?, NULL)",
-            [int(run_id), probe, int(now_ns)],
+            "INSERT INTO coverage (run_id, probe, start_ns, end_ns, sample_hz) "
+            "VALUES (?, ?, ?, NULL, ?)",
+            [int(run_id), probe, int(now_ns), self.sample_hz.get(probe)],
         )
 
     def _close_row(self, key, now_ns):
