@@ -55,6 +55,14 @@ def a(end):
     b(end)  # LINE_A_CALL
 
 
+def readspin(end):
+    """Mostly in the kernel: 1 MiB reads of /dev/zero into a buffer already faulted in."""
+    buf = bytearray(1 << 20)
+    with open("/dev/zero", "rb", buffering=0) as f:
+        while time.monotonic() < end:
+            f.readinto(buf)
+
+
 def zspin(end):
     import zlib
 
@@ -170,7 +178,7 @@ def main():
         steps(probe, end)
     else:
         target = {"chain": lambda: a(end), "zlib": lambda: zspin(end),
-                  "reuse": lambda: reuse(seconds), "idle": lambda: time.sleep(seconds)}[mode]  # fmt: skip
+                  "reuse": lambda: reuse(seconds), "idle": lambda: time.sleep(seconds), "syscalls": lambda: readspin(end)}[mode]  # fmt: skip
         th = threading.Thread(target=target, name="spinner")
         th.start()
         if (probe.stats()["pythreads_status"] or "") == "ok":

@@ -410,3 +410,53 @@ def test_a_rate_other_than_1khz_is_what_the_views_count_samples_at(tmp_path):
     assert period == 4_000_000
     # the steps are on CPU nearly all their time: ~one sample per 4 ms of them
     assert 0.5 * on_cpu_ms / 4 <= samples <= 1.5 * on_cpu_ms / 4, (samples, on_cpu_ms)
+
+
+def test_the_tick_clock_samples_at_hz_with_user_and_kernel_mode_told_apart(tmp_path):
+    """cpu_sample_clock = "tick": the sampler takes the scheduler's tick
+    (CONFIG_HZ) instead of an interrupt of its own. A pure-Python spinner
+    gets ~HZ samples a second with its whole a -> b -> c chain and in user
+    mode; a thread reading /dev/zero in 1 MiB reads is sampled in kernel
+    mode most of the time (told from the deepest kernel frame: the timer
+    interrupt's entry, or a system call's); the coverage rows carry HZ."""
+    from stallscope.probes import kernel_tick
+
+    require_privileged(
+        is_root() and BccCpuProbe.unavailable() is None,
+        f"requires root and bcc: {BccCpuProbe.unavailable()}",
+    )
+    info, why = kernel_tick.tick_info()
+    require_privileged(info is not None, f"the scheduler's tick cannot clock the sampler: {why}")
+    daemon = DaemonProcess(
+        tmp_path, sched_backend="none", extra_args=["--cpu-sampler", "--cpu-sample-clock", "tick"]
+    )
+    daemon.start(timeout_s=90)
+    try:
+        chain = Engine(pythons.SYSTEM_PYTHON, daemon.socket, "chain", CHAIN_S).run()
+        reads = Engine(pythons.SYSTEM_PYTHON, daemon.socket, "syscalls", 2).run()
+    finally:
+        rc, _ = daemon.stop(timeout_s=30)
+    assert rc == 0, daemon.new_log()
+    assert "the scheduler's tick" in daemon.read_log()
+    assert daemon.query("SELECT DISTINCT sample_hz FROM coverage WHERE probe = 'cpu'") == [
+        (float(info.hz),)
+    ]
+    good, total, lead_s = chain_share(daemon, chain)
+    assert total >= 0.3 * CHAIN_S * info.hz, total  # on CPU the whole time: ~HZ a second
+    assert good >= 0.95 * total and lead_s <= 3.0, (good, total, lead_s)
+
+    def kernel_share(run):
+        n, k = daemon.query(
+            "SELECT count(*), count(*) FILTER (kernel_mode) FROM cpu_samples "
+            "WHERE pid = ? AND tid = ?",
+            [run["ready"]["pid"], run["spinner"]["tid"]],
+        )[0]
+        return k / max(n, 1), n
+
+    spin, n_spin = kernel_share(chain)
+    read, n_read = kernel_share(reads)
+    print(f"tick {info.hz} Hz: chain {good}/{total}, kernel share {spin:.3f} of {n_spin}; "
+          f"reads kernel share {read:.3f} of {n_read}")  # fmt: skip
+    assert n_read >= 0.3 * 2 * info.hz, n_read
+    assert spin < 0.1, (spin, n_spin)
+    assert read > 0.5, (read, n_read)

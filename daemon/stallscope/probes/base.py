@@ -209,7 +209,16 @@ class ProbeSettings:
         "(bcc, a cpu-clock perf event; needs CAP_BPF+CAP_PERFMON)",
     )
     cpu_sample_hz: float = _key(
-        1000.0, "CPU sampler: samples per second of each tracked thread while on CPU", minimum=1
+        1000.0,
+        "CPU sampler: samples per second of each tracked thread while on CPU (clock 'timer')",
+        minimum=1,
+    )
+    cpu_sample_clock: str = _key(
+        "timer",
+        "CPU sampler: 'timer' (a cpu-clock perf event at cpu_sample_hz: an interrupt of its "
+        "own, a tenth of a torch engine's step at 1 kHz on a VM) or 'tick' (the scheduler's tick, "
+        "CONFIG_HZ: no interrupt of its own, a quarter of the samples at HZ 250)",
+        choices=("timer", "tick"),
     )
     cpu_max_depth: int = _key(
         64,

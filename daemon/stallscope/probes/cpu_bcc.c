@@ -3,7 +3,9 @@
 // Loaded by cpu_bcc.py and attached with bcc `attach_perf_event` to one
 // software cpu-clock event per CPU (PERF_TYPE_SOFTWARE /
 // PERF_COUNT_SW_CPU_CLOCK, period 1e9/cpu_sample_hz ns), only while some
-// process is tracked. Needs CAP_BPF + CAP_PERFMON (or root); no
+// process is tracked; or, built with TICK_CLOCK (cpu_sample_clock = "tick"),
+// on the scheduler's own tick (the timer:hrtimer_expire_entry tracepoint,
+// see below), attached the same way. Needs CAP_BPF + CAP_PERFMON (or root); no
 // tracepoint, kprobe or fentry. Settings arrive as cflags (MAX_DEPTH,
 // MAX_WALK, MAX_NEW_SYMS, SYM_*_LEN, map sizes, ring pages); layouts live
 // in cpu_bcc.h.
@@ -252,8 +254,45 @@ static __always_inline int tstate_is(struct pylayout *L, struct scratch *s, u32 
     return -1;
 }
 
+#ifdef TICK_CLOCK
+// The scheduler's own tick as the clock (cpu_sample_clock = "tick"): no
+// interrupt of our own (one costs a torch thread ~100 us on a VM here). The
+// program runs at the expiry of every hrtimer and keeps only TICK_FN's (the
+// tick handler, from kallsyms). The tracepoint has no interrupted registers:
+// the tick came from user mode when the deepest frame of the kernel stack
+// is the timer interrupt's entry [IRQ_ENTRY_LO, IRQ_ENTRY_HI) (a system call
+// or a fault ends in its own entry; a stack that fills the buffer is kernel
+// mode too), and the user IP is the first frame of the user stack (the
+// registers saved at the last entry into the kernel).
+#define TICK_KSTACK 32
+struct kstack {
+    u64 ip[TICK_KSTACK];
+};
+BPF_PERCPU_ARRAY(tick_kstack, struct kstack, 1);
+
+static __always_inline int tick_kernel_mode(void *ctx)
+{
+    u32 zero = 0;
+    struct kstack *k = tick_kstack.lookup(&zero);
+    if (!k)
+        return 1;
+    long n = bpf_get_stack(ctx, k->ip, sizeof(k->ip), 0);
+    if (n <= 0 || n >= (long)sizeof(k->ip))
+        return 1;
+    u32 last = ((u32)n / 8) - 1;
+    u64 ip = k->ip[last & (TICK_KSTACK - 1)];
+    return !(ip >= IRQ_ENTRY_LO && ip < IRQ_ENTRY_HI);
+}
+
+TRACEPOINT_PROBE(timer, hrtimer_expire_entry)
+{
+    if ((u64)args->function != TICK_FN)
+        return 0;
+    void *ctx = args;
+#else
 int on_sample(struct bpf_perf_event_data *ctx)
 {
+#endif
     u64 id = bpf_get_current_pid_tgid();
     u32 pid = id >> 32;
     struct pylayout *L = tracked.lookup(&pid);
@@ -279,6 +318,14 @@ int on_sample(struct bpf_perf_event_data *ctx)
     r->skipped = 0;
     r->pad = 0;
     r->user_ip = 0;
+#ifdef TICK_CLOCK
+    r->kernel_mode = tick_kernel_mode(ctx);
+    {
+        u64 ip = 0;
+        if (bpf_get_stack(ctx, &ip, sizeof(ip), BPF_F_USER_STACK) > 0)
+            r->user_ip = ip;
+    }
+#else
     // x86-64: the privilege level of the interrupted context is CS's low bits
     r->kernel_mode = (ctx->regs.cs & 3) != 3;
     if (!r->kernel_mode) {
@@ -288,6 +335,7 @@ int on_sample(struct bpf_perf_event_data *ctx)
         if (bpf_get_stack(ctx, &ip, sizeof(ip), BPF_F_USER_STACK) > 0)
             r->user_ip = ip;
     }
+#endif
 
     s->depth = 0;
     s->npend = 0;

@@ -3,12 +3,16 @@
 Loads `cpu_bcc.c` (settings as cflags: cpu_max_depth, ring size) and, while
 at least one process is tracked, attaches it with bcc `attach_perf_event`
 to one software cpu-clock event per CPU at `cpu_sample_hz` (this VM has no
-PMU; cpu-clock ticks only on busy CPUs). The program filters on the tracked
+PMU; cpu-clock ticks only on busy CPUs); or, with `cpu_sample_clock =
+"tick"`, to the `timer:hrtimer_expire_entry` tracepoint, keeping the
+scheduler's own tick (kernel_tick.py: CONFIG_HZ, no interrupt of ours,
+which costs a torch thread ~100 us each on a VM). The program filters on the tracked
 tgids in the kernel, unwinds CPython 3.10-3.13 frames there and writes one
 record per sample (time, thread, CPU, kernel mode, native leaf IP, Python
 frames as code address + instruction + checksum) and, once per code object
 and checksum, a record naming it. Hooks: perf events only (no tracepoint,
-kprobe or fentry); needs CAP_BPF + CAP_PERFMON (or root), x86-64.
+kprobe or fentry; the tick clock adds one tracepoint); needs CAP_BPF +
+CAP_PERFMON (or root), x86-64.
 
 Which thread state is whose comes from the traced process itself: its
 probe client reports its interpreter's layout (checked against the live
@@ -42,7 +46,7 @@ import numpy as np
 
 from probe_client import pyoffsets
 from stallscope import threads as daemon_threads
-from stallscope.probes import bpf_common, perf_events
+from stallscope.probes import bpf_common, kernel_tick, perf_events
 from stallscope.probes.base import Probe
 from stallscope.probes.cpu_stacks import StackTable
 
@@ -51,6 +55,7 @@ log = logging.getLogger(__name__)
 SOURCE = "cpu_bcc.c"
 PERF_TYPE_SOFTWARE = 1
 PERF_COUNT_SW_CPU_CLOCK = 0
+TICK_FN = b"tracepoint__timer__hrtimer_expire_entry"  # bcc's name of the tick-clocked program
 MAX_DEPTH_LIMIT = 192  # the verifier's 1M-instruction budget: ~284k at 64, ~530k at 128
 HEADS = bpf_common.header_defines("cpu_bcc.h", "")
 _HEAD_OF = {"ts_read": "TSTATE_HEAD", "frame_read": "FRAME_HEAD", "code_read": "CODE_HEAD"}
@@ -162,12 +167,20 @@ class BccCpuProbe(Probe):
             return why
         if os.uname().machine != "x86_64":
             return f"the CPU sampler reads x86-64 registers and offsets, not {os.uname().machine}"
+        if settings is not None and settings.cpu_sample_clock == "tick":
+            return kernel_tick.tick_info(settings.proc_root)[1]
         return perf_unavailable()
 
     def __init__(self, settings=None):
         super().__init__(settings)
         s = self.settings
         self.hz = float(s.cpu_sample_hz)
+        # "timer": a cpu-clock perf event at cpu_sample_hz; "tick": the
+        # scheduler's tick (kernel_tick.py), at CONFIG_HZ, known at start()
+        self.clock = s.cpu_sample_clock
+        if self.clock not in ("timer", "tick"):
+            raise ValueError(f"cpu_sample_clock must be 'timer' or 'tick', not {self.clock!r}")
+        self.tick = None
         self.max_depth = int(s.cpu_max_depth)
         if self.max_depth > MAX_DEPTH_LIMIT:
             log.warning(
@@ -220,6 +233,12 @@ class BccCpuProbe(Probe):
             f"-DMAX_TGIDS={self.max_tgids}",
             f"-DMAX_TIDS={self.max_tids}",
         ]
+        if self.clock == "tick":
+            self.tick, why = kernel_tick.tick_info(self.proc_root)
+            if why:
+                raise RuntimeError(why)
+            self.hz = float(self.tick.hz)
+            cflags += self.tick.cflags()
         t0 = time.monotonic()
         self._bpf = bpf_common.compile_program(SOURCE, cflags)
         try:
@@ -237,7 +256,10 @@ class BccCpuProbe(Probe):
             bpf_common.require_fields(
                 self._counters.dtype, list(RING_LOSSES), "cpu_bcc.h struct counters"
             )
-            self._bpf.load_func(b"on_sample", self._bpf.PERF_EVENT)
+            if self.tick is None:
+                self._bpf.load_func(b"on_sample", self._bpf.PERF_EVENT)
+            else:  # bcc attached the tracepoint as it loaded: attached only while tracking
+                self._bpf.detach_tracepoint(tp=kernel_tick.TRACEPOINT.encode())
         except Exception:
             self._bpf.cleanup()
             self._bpf = None
@@ -254,9 +276,10 @@ class BccCpuProbe(Probe):
         self._thread = threading.Thread(target=self._reader, name="stallscope-cpu-bcc", daemon=True)
         self._thread.start()
         log.info(
-            "cpu probe: bcc program loaded in %.1f s (%.0f Hz, depth %d, ring %d KiB)",
+            "cpu probe: bcc program loaded in %.1f s (%.0f Hz, %s, depth %d, ring %d KiB)",
             self.load_s,
             self.hz,
+            "the scheduler's tick" if self.tick is not None else "a cpu-clock perf event",
             self.max_depth,
             pages * bpf_common.PAGE_SIZE // 1024,
         )
@@ -290,8 +313,9 @@ class BccCpuProbe(Probe):
         return self.hz
 
     def detail(self):
+        clock = "the scheduler's tick" if self.tick is not None else "a cpu-clock perf event"
         return (
-            f"{self.hz:g} Hz per tracked thread on CPU, Python frames up to depth "
+            f"{self.hz:g} Hz per tracked thread on CPU ({clock}), Python frames up to depth "
             f"{self.max_depth} (CPython 3.10-3.13, from each client's report), native leaf "
             f"symbolized ({self._symbolizer()}); BPF loaded in {self.load_s:.1f} s"
         )
@@ -310,13 +334,16 @@ class BccCpuProbe(Probe):
         (so a daemon with nothing to trace costs no CPU a timer tick)."""
         want = bool(self._procs) and self._bpf is not None
         if want and not self._attached:
-            self._bpf.attach_perf_event(
-                ev_type=PERF_TYPE_SOFTWARE,
-                ev_config=PERF_COUNT_SW_CPU_CLOCK,
-                fn_name=b"on_sample",
-                sample_period=max(1, int(1e9 / self.hz)),
-                cpu=-1,
-            )
+            if self.tick is not None:
+                self._bpf.attach_tracepoint(tp=kernel_tick.TRACEPOINT.encode(), fn_name=TICK_FN)
+            else:
+                self._bpf.attach_perf_event(
+                    ev_type=PERF_TYPE_SOFTWARE,
+                    ev_config=PERF_COUNT_SW_CPU_CLOCK,
+                    fn_name=b"on_sample",
+                    sample_period=max(1, int(1e9 / self.hz)),
+                    cpu=-1,
+                )
             self._attached = True
             self._wake.set()
         elif not want and self._attached:
@@ -325,9 +352,12 @@ class BccCpuProbe(Probe):
     def _detach(self):
         if self._attached:
             try:
-                self._bpf.detach_perf_event(
-                    ev_type=PERF_TYPE_SOFTWARE, ev_config=PERF_COUNT_SW_CPU_CLOCK
-                )
+                if self.tick is not None:
+                    self._bpf.detach_tracepoint(tp=kernel_tick.TRACEPOINT.encode())
+                else:
+                    self._bpf.detach_perf_event(
+                        ev_type=PERF_TYPE_SOFTWARE, ev_config=PERF_COUNT_SW_CPU_CLOCK
+                    )
             except Exception as exc:  # already closed: nothing left to stop
                 log.debug("cpu probe: detach: %s", exc)
             self._attached = False

@@ -60,6 +60,8 @@ def _probe_keys():
         kind = kinds.get(f.type if isinstance(f.type, str) else f.type.__name__)
         if kind is None:
             continue
+        if kind == "str" and declared.get("choices"):
+            kind = "choice"  # a str field declared with its choices
         default = list(f.default) if kind == "ints" else f.default
         out.append(
             Key(
