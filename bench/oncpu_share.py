@@ -16,14 +16,9 @@ copy gets this checkout's views. It measures; it asserts nothing.
 """
 
 import argparse
-import shutil
-import tempfile
 from collections import Counter
-from pathlib import Path
 
-import duckdb
-
-from stallscope.store.database import apply_schema
+from views_copy import role_runs, views_on_a_copy
 
 ARMS = (
     ("without on-CPU causes", {"step_code_z": 1e9, "step_cpu_slow_power": 2.0}),
@@ -33,15 +28,9 @@ ARMS = (
 
 def _runs(con, role, label):
     if role:
-        sql, arg = (
-            "SELECT DISTINCT run_id FROM run_events WHERE kind = 'role' AND message = ?",
-            role,
-        )
-    elif label:
-        sql, arg = "SELECT run_id FROM runs WHERE label = ?", label
-    else:
-        return [r for (r,) in con.execute("SELECT run_id FROM runs").fetchall()]
-    return [r for (r,) in con.execute(sql, [arg]).fetchall()]
+        return role_runs(con, role)
+    sql = "SELECT run_id FROM runs" + (" WHERE label = ?" if label else "")
+    return [r for (r,) in con.execute(sql, [label] if label else []).fetchall()]
 
 
 def main():
@@ -50,11 +39,7 @@ def main():
     ap.add_argument("--role", help="only the runs that reported this role")
     ap.add_argument("--label", help="only the runs of this label")
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        copy = Path(tmp) / "copy.duckdb"
-        shutil.copyfile(args.db, copy)
-        con = duckdb.connect(str(copy))
-        apply_schema(con)
+    with views_on_a_copy(args.db) as con:
         runs = _runs(con, args.role, args.label)
         if not runs:
             raise SystemExit(
@@ -86,7 +71,6 @@ def main():
         evidence = Counter(",".join(ev or ()) for cause, _, ev in rows if cause == "cpu_slow")
         print(f"  code frames: {dict(frames.most_common(8))}")
         print(f"  cpu_slow evidence: {dict(evidence.most_common())}")
-        con.close()
 
 
 if __name__ == "__main__":

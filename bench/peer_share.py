@@ -14,13 +14,8 @@ measures; it asserts nothing.
 """
 
 import argparse
-import shutil
-import tempfile
-from pathlib import Path
 
-import duckdb
-
-from stallscope.store.database import apply_schema
+from views_copy import role_runs, views_on_a_copy
 
 ARMS = (("without peer spans", -1, 0.0), ("with peer spans (defaults)", None, None))
 
@@ -30,18 +25,8 @@ def main():
     ap.add_argument("--db", required=True)
     ap.add_argument("--role", default="engine core")
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        copy = Path(tmp) / "copy.duckdb"
-        shutil.copyfile(args.db, copy)
-        con = duckdb.connect(str(copy))
-        apply_schema(con)
-        runs = [
-            r
-            for (r,) in con.execute(
-                "SELECT DISTINCT run_id FROM run_events WHERE kind = 'role' AND message = ?",
-                [args.role],
-            ).fetchall()
-        ]
+    with views_on_a_copy(args.db) as con:
+        runs = role_runs(con, args.role)
         if not runs:
             raise SystemExit(f"{args.db}: no run reported the role {args.role!r}")
         busy, labelled = con.execute(
@@ -68,7 +53,6 @@ def main():
                 f"{name}: {n} slow steps, unexplained {un} ({un / max(n, 1):.1%}), "
                 f"peer {peer} ({peer / max(n, 1):.1%}); {causes}"
             )
-        con.close()
 
 
 if __name__ == "__main__":
