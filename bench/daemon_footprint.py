@@ -197,7 +197,7 @@ def start_load(mode, d, seconds):
     raise ValueError(mode)
 
 
-def measure(tree, mode, seconds, warmup_s, profile_to=None):
+def measure(tree, mode, seconds, warmup_s, profile_to=None, profile_hz=100):
     args = ["--sched-backend", "none"] if mode == "flood" else []
     d = Daemon(tree, args)
     try:
@@ -208,7 +208,7 @@ def measure(tree, mode, seconds, warmup_s, profile_to=None):
         spy = None
         if profile_to is not None:
             spy = subprocess.Popen(
-                [pyspy(), "record", "--pid", str(d.pid), "--rate", "100", "--nonblocking"]
+                [pyspy(), "record", "--pid", str(d.pid), "--rate", str(profile_hz), "--nonblocking"]
                 + ["--threads", "--format", "raw", "--output", str(profile_to)]
                 + ["--duration", str(int(seconds))],
                 stdout=subprocess.DEVNULL,
@@ -287,6 +287,7 @@ def main():
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--warmup", type=float, default=3.0)
     ap.add_argument("--profile", default=None, help="folder for py-spy profiles (one run each)")
+    ap.add_argument("--profile-hz", type=int, default=100, help="py-spy's sampling rate")
     ap.add_argument("--json", default=None, help="write every measurement here")
     a = ap.parse_args()
     trees = [t.split("=", 1) for t in a.tree]
@@ -299,7 +300,7 @@ def main():
                 if mode == "flood":
                     continue
                 out = Path(a.profile) / f"{name}-{mode}.txt"
-                r = measure(path, mode, a.seconds, a.warmup, profile_to=out)
+                r = measure(path, mode, a.seconds, a.warmup, profile_to=out, profile_hz=a.profile_hz)
                 print(f"profile {name} {mode}: cpu {r['cpu_pct']:.2f}% (with py-spy attached)")
                 print(summarise_profile(out), flush=True)
     for rnd in range(a.rounds):

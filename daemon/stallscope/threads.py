@@ -63,6 +63,10 @@ BOOST_REFUSED = (
 )
 
 BOOST_ABOVE, UNBOOST_BELOW = 0.5, 0.25  # backlog fractions
+# A backlog over this wakes its thread (background(hurry=...)) at the next
+# check (every 0.1 s): a ring reader that sleeps up to 1 s between small
+# reads is read again well before its ring could fill.
+HURRY_ABOVE = 0.05
 _CAP_SYS_NICE = 23
 # A paced thread waiting this long for a CPU per wake-up, on average, counts
 # as a full backlog (raised above half: 10 ms; lowered below 5 ms). Idle
@@ -90,13 +94,21 @@ def _tid():
     return threading.get_native_id()
 
 
-def background(name, backlog=None):
+def background(name, backlog=None, hurry=None):
     """Make the calling thread a background thread (SCHED_IDLE); `backlog()`,
-    if given, returns the fraction of its bound in use (see check_backlogs).
-    Returns None, or the reason it stays at normal priority."""
+    if given, returns the fraction of its bound in use (see check_backlogs);
+    `hurry()`, if given, wakes the thread early, and is called whenever its
+    backlog is over HURRY_ABOVE (a ring reader may then sleep long while
+    little comes). Returns None, or the reason it stays at normal priority."""
     tid = _tid()
     with _lock:
-        _threads[tid] = {"name": name, "role": BACKGROUND, "boosted": False, "backlog": backlog}
+        _threads[tid] = {
+            "name": name,
+            "role": BACKGROUND,
+            "boosted": False,
+            "backlog": backlog,
+            "hurry": hurry,
+        }
     try:
         os.sched_setscheduler(0, SCHED_IDLE, os.sched_param(0))
     except (OSError, AttributeError) as exc:
@@ -322,6 +334,12 @@ def _check(tid, info):
         level = float(info["backlog"]())
     except Exception:
         return False  # a gauge whose object went away reads as no backlog
+    hurry = info.get("hurry")
+    if hurry is not None and level > HURRY_ABOVE:
+        try:
+            hurry()
+        except Exception:
+            pass
     # The paced reader goes up and down with its clients' traffic, often:
     # its moves are debug lines (counted in snapshot()'s boosts).
     say = log.debug if info["role"] == PACED else log.info

@@ -55,3 +55,41 @@ def test_stop_wakes_a_parked_reader(monkeypatch):
     stop.set()
     park.wake()
     assert done.wait(5) and out["stopped"] is True
+
+
+def test_hurry_cuts_a_long_wait_and_stop_with_wake_ends_it():
+    """A reader that sleeps up to a second between small reads is woken
+    early when its ring fills (hurry), and at once when the probe stops."""
+    park, stop = base.ReaderPark(), threading.Event()
+    park.followed(1)
+    park.wait(stop, 0.0)  # the followed() wake-up is spent
+    done, out = _waiter(park, stop, 30.0)
+    assert not done.wait(0.3)  # the long wait holds
+    park.hurry()
+    assert done.wait(5) and out["stopped"] is False and out["took"] < 5
+    done, out = _waiter(park, stop, 30.0)
+    assert not done.wait(0.3)
+    stop.set()
+    park.wake()
+    assert done.wait(5) and out["stopped"] is True
+
+
+def test_a_backlog_over_the_hurry_share_wakes_its_thread(monkeypatch):
+    """threads._check (the main loop, every 0.1 s) calls a background
+    thread's hurry() while its backlog is over HURRY_ABOVE, and not below."""
+    from stallscope import threads
+
+    monkeypatch.setattr(threads, "boost", lambda tid=None: False)
+    calls = []
+    level = {"v": 0.0}
+    info = {
+        "name": "t",
+        "role": threads.BACKGROUND,
+        "boosted": False,
+        "backlog": lambda: level["v"],
+        "hurry": lambda: calls.append(level["v"]),
+    }
+    for v in (0.0, threads.HURRY_ABOVE / 2, threads.HURRY_ABOVE * 2, 0.3, 0.01):
+        level["v"] = v
+        threads._check(0, info)
+    assert calls == [threads.HURRY_ABOVE * 2, 0.3]

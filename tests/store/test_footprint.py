@@ -131,6 +131,45 @@ def test_rows_are_written_when_read_and_progress_once_per_flush(tmp_path):
         s.close()
 
 
+def test_a_probe_table_with_few_rows_waits_longer_and_a_reader_still_sees_it(tmp_path, monkeypatch):
+    """The probes' tables are written every probe_flush_interval_s, but one
+    with fewer than SMALL_PROBE_ROWS queued waits up to SMALL_PROBE_WAIT_S
+    (each INSERT's cost is fixed); the CPU sampler's tables go together; a
+    reader's cursor() writes everything first."""
+    monkeypatch.setattr(store, "SMALL_PROBE_WAIT_S", 2.5)
+    s = store.Store(str(tmp_path / "p.duckdb"), flush_interval_s=0.05, probe_flush_interval_s=0.3)
+
+    def steal(n):
+        return {"cpu": [0] * n, "start_ns": [1] * n, "end_ns": [2] * n, "steal_ns": [1] * n}
+
+    def written(table):
+        cur = s.cursor(fresh=False)
+        try:
+            return cur.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+        finally:
+            cur.close()
+
+    big = store.SMALL_PROBE_ROWS
+    s.start()
+    try:
+        t0 = time.monotonic()
+        s.append("steal", steal(1))
+        s.append("runq", {"pid": [1] * big, "tid": [1] * big, "start_ns": [1] * big})
+        s.append("cpu_samples", {"pid": [1] * big, "tid": [1] * big, "ts_ns": [1] * big})
+        s.append("cpu_frames", {"frame_id": [1], "function": ["f"]})
+        assert wait_for(lambda: written("runq") == big, timeout_s=20)
+        assert written("cpu_samples") == big  # due with runq: the same flush
+        assert written("cpu_frames") == 1  # the CPU sampler's tables are one group
+        if time.monotonic() - t0 < 2.0:  # (a stalled machine may have passed the long wait)
+            assert written("steal") == 0
+        assert wait_for(lambda: written("steal") == 1, timeout_s=20)
+        assert time.monotonic() - t0 >= 2.5
+        s.append("steal", steal(1))
+        assert s.cursor().execute("SELECT count(*) FROM steal").fetchone()[0] == 2
+    finally:
+        s.close()
+
+
 def test_writer_flushes_early_when_rows_pile_up(tmp_path):
     s = store.Store(str(tmp_path / "g.duckdb"), flush_interval_s=3600, flush_rows=100)
     s.start()

@@ -262,17 +262,24 @@ class ReaderPark:
     def wake(self):
         self._event.set()
 
+    def hurry(self):
+        """Cut the reader's current wait short (its ring is filling)."""
+        self._event.set()
+
     @property
     def parked(self):
         since = self._empty_since
         return since is not None and time.monotonic() - since >= PARK_AFTER_S
 
     def wait(self, stop, wait_s):
-        """Sleep `wait_s` (or until `stop` is set), or while parked until a
+        """Sleep `wait_s` (or until `stop` is set or hurry() is called), or while parked until a
         process is followed again, `stop` is set or PARK_CHECK_S passed.
         Returns whether `stop` is set, like `stop.wait()`."""
         if not self.parked:
-            return stop.wait(wait_s)
+            # wake() (after stop is set), hurry() and followed() end the wait
+            if self._event.wait(wait_s):
+                self._event.clear()
+            return stop.is_set()
         self._event.clear()
         if self._empty_since is not None and not stop.is_set():
             self._event.wait(PARK_CHECK_S)  # followed() and wake() set it

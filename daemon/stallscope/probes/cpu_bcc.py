@@ -574,7 +574,7 @@ class BccCpuProbe(Probe):
         # until it is drained (threads.check_backlogs, from the main loop).
         daemon_threads.background("cpu-sampler", backlog=ring.fill)
         t_cpu = time.thread_time_ns()
-        cadence = bpf_common.Cadence(self.poll_s, batch_records=32)
+        cadence = bpf_common.Cadence(self.poll_s, busy_max_s=0.2, idle_max_s=0.5, batch_records=32)
         wait_s = self.poll_s
         while not self._stop.wait(wait_s):
             if not self._attached:

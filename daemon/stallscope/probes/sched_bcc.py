@@ -267,7 +267,7 @@ class BccSchedProbe(Probe):
         ring = self._ring
         # A ring more than half full raises the reader to normal priority
         # until it is drained (threads.check_backlogs, from the main loop).
-        threads.background("sched-reader", backlog=ring.fill)
+        threads.background("sched-reader", backlog=ring.fill, hurry=self._park.hurry)
         t_cpu = time.thread_time_ns()
         cadence = bpf_common.Cadence(self.poll_s)
         wait_s = self.poll_s

@@ -120,7 +120,7 @@ _DAEMON_AND_BACKEND_KEYS = [
         "daemon",
         "step_fill_interval_s",
         "float",
-        30.0,
+        60.0,
         "STALLSCOPE_STEP_FILL_INTERVAL_S",
         "step_fill_interval_s",
         minimum=0.1,

@@ -181,7 +181,7 @@ class Daemon:
         config=None,
         retention_limits=None,
         stop_event=None,
-        step_fill_interval_s=30.0,
+        step_fill_interval_s=60.0,
         metrics_listen=None,
         metrics_max_label_values=32,
         max_backlog_rows=DEFAULT_MAX_BACKLOG_ROWS,

@@ -51,6 +51,7 @@ class Recovery:
         invalidated it (a checkpoint that hit a full disk); None if it cannot."""
         if self._reopen:
             try:
+                self._drop_writer()
                 try:
                     self.con.close()
                 except Exception:
@@ -63,12 +64,26 @@ class Recovery:
             except Exception as exc:
                 self.last_error = f"{type(exc).__name__}: {exc}"
                 return None
+        if self._writer is not None:
+            return self._writer
         try:
-            return self.con.cursor()
+            cur = self.con.cursor()
+            cur.register("_batch", self._batch)
         except Exception as exc:
             self._note_fatal(exc)
             self.last_error = f"{type(exc).__name__}: {exc}"
             return None
+        self._writer = cur
+        return cur
+
+    def _drop_writer(self):
+        """Close the writer's cursor; the next flush opens a fresh one."""
+        cur, self._writer = self._writer, None
+        if cur is not None:
+            try:
+                cur.close()
+            except Exception:
+                pass
 
     def _note_fatal(self, exc):
         if (
@@ -124,6 +139,7 @@ class Recovery:
                 self._oldest = now_s  # the writer retries in flush_interval_s
             if self._oldest_probe is None:
                 self._oldest_probe = now_s  # and the probes' rows with it
+            self._note_probe_groups(now_s)
         self._kept = kept
         self.rows_lost += dropped_rows + dropped_stmts
         if self.unwritable_since is None:

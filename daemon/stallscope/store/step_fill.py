@@ -116,7 +116,7 @@ def _min_per_key(batch, keys, col):
 class StepFiller:
     """Fills step_components from a cursor of the daemon's database."""
 
-    def __init__(self, store, interval_s=30.0, settle_ns=2_000_000_000):
+    def __init__(self, store, interval_s=60.0, settle_ns=2_000_000_000):
         self.store = store
         self.interval_s = interval_s
         self.settle_ns = int(settle_ns)
