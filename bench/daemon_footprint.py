@@ -300,7 +300,9 @@ def main():
                 if mode == "flood":
                     continue
                 out = Path(a.profile) / f"{name}-{mode}.txt"
-                r = measure(path, mode, a.seconds, a.warmup, profile_to=out, profile_hz=a.profile_hz)
+                r = measure(
+                    path, mode, a.seconds, a.warmup, profile_to=out, profile_hz=a.profile_hz
+                )
                 print(f"profile {name} {mode}: cpu {r['cpu_pct']:.2f}% (with py-spy attached)")
                 print(summarise_profile(out), flush=True)
     for rnd in range(a.rounds):
