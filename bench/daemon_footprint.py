@@ -117,7 +117,10 @@ class Daemon:
         cmd = [str(py), "-m", "stallscope.cli", "daemon", "--socket", self.sock, "--db", self.db]
         cmd += ["--gpu-backend", "none", *args]
         self.logf = open(self.log, "w")
-        self.proc = subprocess.Popen(cmd, stdout=self.logf, stderr=self.logf, cwd=self.tmp)
+        # The tree's own code first (a tree that shares another's .venv, whose
+        # editable install points at that other checkout, still runs its own).
+        env = dict(os.environ, PYTHONPATH=f"{self.tree / 'daemon'}:{self.tree}")
+        self.proc = subprocess.Popen(cmd, stdout=self.logf, stderr=self.logf, cwd=self.tmp, env=env)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

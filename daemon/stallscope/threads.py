@@ -64,8 +64,9 @@ BOOST_REFUSED = (
 
 BOOST_ABOVE, UNBOOST_BELOW = 0.5, 0.25  # backlog fractions
 # A backlog over this wakes its thread (background(hurry=...)) at the next
-# check (every 0.1 s): a ring reader that sleeps up to 1 s between small
-# reads is read again well before its ring could fill.
+# check (the main loop's tick: 0.1 s apart while clients send, 0.5 s while
+# none does): a ring reader that sleeps up to 1 s between small reads is
+# read again well before its ring could fill.
 HURRY_ABOVE = 0.05
 _CAP_SYS_NICE = 23
 # A paced thread waiting this long for a CPU per wake-up, on average, counts

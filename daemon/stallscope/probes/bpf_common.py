@@ -216,8 +216,8 @@ class Cadence:
     to `idle_max_s` while they come back empty (a quiet daemon wakes once a
     second per reader, not 50). The ring is sized for 0.4 s of 200k
     events/s; a reader whose ring holds more than 5 % of it is woken at the
-    main loop's next check, 0.1 s apart (threads.HURRY_ABOVE), so a burst
-    after a quiet second is read long before the ring fills."""
+    main loop's next tick, 0.1-0.5 s apart (threads.HURRY_ABOVE), so a
+    burst after a quiet second is read long before the ring fills."""
 
     def __init__(self, poll_s, busy_max_s=1.0, idle_max_s=1.0, batch_records=1024):
         self.poll_s = poll_s
