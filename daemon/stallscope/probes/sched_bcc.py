@@ -70,6 +70,12 @@ def _has_bpf_privileges():
     return bpf_common.has_bpf_privileges()
 
 
+# The longest wait between reads while threads are summarised: their
+# sched_summary rows are taken at reads, every sched_summary_ms or this,
+# whichever is longer (the readers' own cadence may otherwise reach 1 s).
+SUMMARY_READ_S = 0.2
+
+
 class BccSchedProbe(Probe):
     """Kernel scheduling events of tracked processes through eBPF (bcc)."""
 
@@ -274,6 +280,10 @@ class BccSchedProbe(Probe):
         while not self._park.wait(self._stop, wait_s):
             try:
                 wait_s = cadence.next(self.drain())
+                if self.summary is not None and self.summary.slots:
+                    # summarised threads' rows are read with the drains: keep
+                    # their period (the views split a row's time over steps)
+                    wait_s = min(wait_s, max(SUMMARY_READ_S, self.summary.interval_ns / 1e9))
                 # The kernel's per-program recursion counts are one fdinfo
                 # file per program (13): read with the /proc verification,
                 # not with every drain (that was a third of the reader's CPU).
