@@ -211,6 +211,7 @@ class BccTracepointProbe(Probe):
         pid = int(pid)
         self._tracked.discard(pid)
         self._park.followed(len(self._tracked))
+        self._park.hurry()  # its last records now, not after a wait of up to 1 s
         if self._bpf is None:
             return
         try:

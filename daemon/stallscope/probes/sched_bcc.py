@@ -233,6 +233,9 @@ class BccSchedProbe(Probe):
                 del self._verify_base[key]
             if self.summary is not None:
                 self.summary.forget(pid, time.monotonic_ns())
+        # Its last ring records and its summarised threads' final rows are
+        # read now, not after the reader's next wait (up to 1 s).
+        self._park.hurry()
         if self._bpf is None:
             return
         try:
