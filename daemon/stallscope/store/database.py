@@ -269,8 +269,8 @@ class Store(Recovery):
         self.pending_rows = 0  # rows queued and not yet written
         self._statements = []  # (sql, params) waiting, in order
         self._oldest = None  # monotonic seconds of the oldest queued write (clients' tables)
-        self._oldest_probe = None  # ... of PROBE_TABLES
-        self._probe_since = {}  # probe table group -> monotonic s of its oldest queued batch
+        # ... of PROBE_TABLES: per group (_PROBE_GROUP), its oldest queued batch
+        self._probe_since = {}
         self._due = threading.Condition(self._lock)  # the writer sleeps on it
         self._hooks = []  # fn() -> [(sql, params)] at the start of each flush
         self._listeners = []
@@ -322,9 +322,7 @@ class Store(Recovery):
                 return
             self._tables.setdefault(table, []).append(batch)
             self.pending_rows += batch.num_rows
-            if table in PROBE_TABLES:
-                self._probe_since.setdefault(_PROBE_GROUP[table], time.monotonic())
-            self._queued(table in PROBE_TABLES)
+            self._queued(_PROBE_GROUP.get(table))
         for listener in self._listeners:
             try:
                 listener(table, batch)
@@ -362,12 +360,13 @@ class Store(Recovery):
             self._statements.append((statement, params))
             self._queued()
 
-    def _queued(self, probe_table=False):
-        """Called with the lock held after anything was queued."""
-        if probe_table:
-            if self._oldest_probe is None:
-                self._oldest_probe = time.monotonic()
+    def _queued(self, probe_group=None):
+        """Called with the lock held after anything was queued (`probe_group`:
+        rows of a probe table of that group)."""
+        if probe_group is not None:
+            if not self._probe_since:
                 self._due.notify()
+            self._probe_since.setdefault(probe_group, time.monotonic())
         elif self._oldest is None:
             self._oldest = time.monotonic()
             self._due.notify()
@@ -440,7 +439,7 @@ class Store(Recovery):
         """A cursor on the same database for reads from another thread; with
         `fresh`, what was appended before the call is written first (read your
         writes). Callers holding a lock a flush hook takes pass fresh=False."""
-        if fresh and (self._oldest is not None or self._oldest_probe is not None or self._hooks):
+        if fresh and (self._oldest is not None or self._probe_since or self._hooks):
             self.flush()
         return self.con.cursor()
 
@@ -501,9 +500,8 @@ class Store(Recovery):
                 except Exception:
                     log.exception("store flush hook failed")
             with self._lock:
-                if probe_tables is True or not self._oldest_probe:
+                if probe_tables is True or not self._probe_since:
                     tables, self._tables = self._tables, {}
-                    self._oldest_probe = None
                     self._probe_since = {}
                 else:
                     groups = probe_tables or ()
@@ -515,7 +513,6 @@ class Store(Recovery):
                     self._tables = {t: b for t, b in self._tables.items() if not taken(t)}
                     for g in groups:
                         self._probe_since.pop(g, None)
-                    self._oldest_probe = min(self._probe_since.values(), default=None)
                 statements, self._statements = self._statements + hooked, []
                 self._oldest = None
                 dropped, self._dropped = self._dropped, {}

@@ -137,9 +137,7 @@ class Recovery:
             self.pending_rows += put_back - dropped_rows
             if self._oldest is None:
                 self._oldest = now_s  # the writer retries in flush_interval_s
-            if self._oldest_probe is None:
-                self._oldest_probe = now_s  # and the probes' rows with it
-            self._note_probe_groups(now_s)
+            self._note_probe_groups(now_s)  # and the probes' rows with it
         self._kept = kept
         self.rows_lost += dropped_rows + dropped_stmts
         if self.unwritable_since is None:
