@@ -77,7 +77,15 @@ def main():
         call(f"cost {CALLS} cuLaunchKernel")  # warm up
         for _ in range(args.rounds):
             for mode in ("detached", "attached"):
-                (probe.attach if mode == "attached" else probe.detach)()
+                if mode == "attached":
+                    probe.attach()
+                else:
+                    probe.detach()
+                    # detach() leaves the uprobes' perf events to a closing
+                    # thread (~0.1 s each): measured before they are closed,
+                    # the detached arm paid the traps (and the next attach,
+                    # two sets of them: ~20 us a call in both arms)
+                    probe._closing([], wait=True)
                 _, cpu = call(f"cost {CALLS} cuLaunchKernel")
                 got[mode]["launch"].append(cpu / CALLS)
                 _, cpu = call(f"cost {CALLS} cuStreamSynchronize")

@@ -60,6 +60,11 @@ def cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+INGEST_ONLY = (
+    "--sched-backend none --gpu-backend none --no-kernel-causes --no-cpu-sampler --no-cuda-driver"
+).split()
+
+
 def peak_rss_mb(pid):
     for line in open(f"/proc/{pid}/status"):
         if line.startswith("VmHWM:"):
@@ -83,7 +88,9 @@ def main():
         tmp / "probe.sock",
         tmp / "bench.duckdb",
         tmp / "daemon.log",
-        ["--sched-backend", "none", "--gpu-backend", "none"],
+        # ingest alone: no kernel probes (the CPU sampler would sample the
+        # senders, at a cost, and count their stacks it cannot read as losses)
+        INGEST_ONLY,
     ).start()
     pid = d.proc.pid
     cpu0 = cpu_seconds(pid)
