@@ -225,3 +225,29 @@ def test_stacks_are_stored_once_and_an_unnamed_frame_is_never_misnamed():
     clock[0] = 1000
     out = table.resolve(recs[:1])
     assert len(out["cpu_frames"]["frame_id"]) == 2 and len(out["cpu_stacks"]["stack_id"]) == 2
+
+
+def test_batch_grouping_matches_numpy_unique_even_when_every_hash_collides(monkeypatch):
+    from stallscope.probes import cpu_stacks
+
+    rng = np.random.default_rng(7)
+    keys = rng.integers(0, 3, (500, 9)).astype(np.uint64)  # few values: many equal rows
+    pid = rng.choice([5, 7, 2**22], 500).astype(np.uint32)
+    ip = rng.choice([0, 0x1000, 2**47 - 1], 500).astype(np.uint64)
+
+    def exact(rows):
+        _, first, inv = np.unique(rows, axis=0, return_index=True, return_inverse=True)
+        return first, inv.ravel()
+
+    for mix in (cpu_stacks._ROW_MIX.copy(), np.zeros_like(cpu_stacks._ROW_MIX)):
+        monkeypatch.setattr(cpu_stacks, "_ROW_MIX", mix)  # zeros: one hash for every row
+        first, inv = cpu_stacks._unique_rows(keys)
+        want_first, want_inv = exact(keys)
+        # the same partition of the rows, each group named by its first row
+        assert np.array_equal(keys[first[inv]], keys)
+        assert sorted(first.tolist()) == sorted(want_first.tolist())
+        assert len(set(zip(inv.tolist(), want_inv.tolist(), strict=True))) == len(want_first)
+    first, inv = cpu_stacks._unique_pairs(pid, ip)
+    pairs = np.stack([pid.astype(np.uint64), ip], axis=1)
+    want_first, _ = exact(pairs)
+    assert np.array_equal(pairs[first[inv]], pairs) and len(first) == len(want_first)

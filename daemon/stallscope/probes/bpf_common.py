@@ -262,19 +262,47 @@ class RingReader:
             fd, PAGE_SIZE + 2 * self._size, mmap.MAP_SHARED, mmap.PROT_READ, offset=PAGE_SIZE
         )
         self._data = np.frombuffer(self._prod, dtype=np.uint8)
+        self._released = struct.unpack_from("<Q", self._cons, 0)[0]
 
     def read(self):
         """Every committed record so far (a copy), oldest first; the space is
         handed back to the kernel before returning."""
-        parts = []
-        while True:
-            recs = self._read_once()
-            if recs is None:
-                break
-            parts.append(recs)
-        if not parts:
+        recs = self.peek(copy=True)
+        self.release()
+        return recs
+
+    def peek(self, copy=False):
+        """Every committed record so far, oldest first, without handing their
+        space back: with `copy=False` a view into the ring itself, valid
+        until `release()` (the kernel writes over none of it until then).
+        A reader that uses a few bytes of a large record (the CPU sampler's
+        1,064 B, ~130 of them used) then pulls those cache lines alone from
+        the CPU that wrote them: a copy of 200 such records cost the reader
+        ~370 us, mostly cache misses. Every record was committed whole."""
+        cons = self._released = struct.unpack_from("<Q", self._cons, 0)[0]
+        prod = struct.unpack_from("<Q", self._prod, 0)[0]
+        avail = min(prod - cons, self._size)
+        n = avail // self.dtype.itemsize
+        if n <= 0:
             return np.empty(0, dtype=self.dtype)
-        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+        start = PAGE_SIZE + (cons & self._mask)
+        raw = np.frombuffer(self._data, dtype=self.dtype, count=n, offset=start)
+        busy = np.flatnonzero(raw["hdr_len"] & np.uint32(RINGBUF_BUSY_BIT))
+        if busy.size:
+            n = int(busy[0])  # committed in order: the records after it wait too
+            raw = raw[:n]
+        lens = raw["hdr_len"] & ~np.uint32(RINGBUF_BUSY_BIT | RINGBUF_DISCARD_BIT)
+        if np.any(lens != self.record_len):
+            # Only our program writes this ring, always record_len bytes.
+            raise LayoutError(f"ring {self.name} holds a record of unexpected size")
+        self._released = cons + n * self.dtype.itemsize
+        if copy and n:
+            # As bytes: numpy copies a struct dtype with holes (struct_dtype
+            # leaves padding out) field by field, ~15x slower than a memcpy.
+            size = n * self.dtype.itemsize
+            raw = self._data[start : start + size].copy().view(self.dtype)
+        keep = (raw["hdr_len"] & np.uint32(RINGBUF_DISCARD_BIT)) == 0
+        return raw if keep.all() else raw[keep]
 
     def fill(self):
         """The fraction of the ring holding unread records (0..1), from the two
@@ -283,28 +311,10 @@ class RingReader:
         prod = struct.unpack_from("<Q", self._prod, 0)[0]
         return min(prod - cons, self._size) / self._size
 
-    def _read_once(self):
-        cons = struct.unpack_from("<Q", self._cons, 0)[0]
-        prod = struct.unpack_from("<Q", self._prod, 0)[0]
-        avail = min(prod - cons, self._size)
-        n = avail // self.dtype.itemsize
-        if n <= 0:
-            return None
-        start = PAGE_SIZE + (cons & self._mask)
-        raw = np.frombuffer(self._data, dtype=self.dtype, count=n, offset=start)
-        busy = np.flatnonzero(raw["hdr_len"] & np.uint32(RINGBUF_BUSY_BIT))
-        if busy.size:
-            n = int(busy[0])
-            if n == 0:
-                return None
-        recs = raw[:n].copy()  # copy before releasing the space to the kernel
-        lens = recs["hdr_len"] & ~np.uint32(RINGBUF_BUSY_BIT | RINGBUF_DISCARD_BIT)
-        if np.any(lens != self.record_len):
-            # Only our program writes this ring, always record_len bytes.
-            raise LayoutError(f"ring {self.name} holds a record of unexpected size")
-        struct.pack_into("<Q", self._cons, 0, cons + n * self.dtype.itemsize)
-        keep = (recs["hdr_len"] & np.uint32(RINGBUF_DISCARD_BIT)) == 0
-        return recs if keep.all() else recs[keep]
+    def release(self):
+        """Hand the space of the records the last `peek()` returned back to
+        the kernel (views of them must not be used after this)."""
+        struct.pack_into("<Q", self._cons, 0, self._released)
 
     def close(self):
         self._data = None

@@ -167,6 +167,61 @@ class _Natives:
             del self._resolved[key]
 
 
+# Odd 64-bit multipliers of the row hash in _unique_rows (fixed: the hash
+# only groups rows within a batch, and every group is checked byte for byte).
+_ROW_MIX = np.random.default_rng(0x5EED).integers(1, 2**63, 1 + 2 * 192, dtype=np.uint64) | 1
+
+
+def _frame_keys(recs):
+    """(keys, depth): per sample, its pid and Python frames as uint64 words
+    (pid, then two words a frame, entries past the sample's depth zeroed: the
+    ring leaves them as garbage), `1 + 2 * max depth` columns. Read as bytes
+    from the records: numpy copies a field of a struct dtype with holes
+    element by element, ~10x slower."""
+    n = len(recs)
+    depth = recs["depth"].astype(np.int64)
+    dmax = int(depth.max())
+    keys = np.zeros((n, 1 + 2 * dmax), dtype=np.uint64)
+    keys[:, 0] = recs["pid"]
+    if dmax:
+        off = recs.dtype.fields["frames"][1]
+        raw = np.ascontiguousarray(recs).view(np.uint8).reshape(n, recs.dtype.itemsize)
+        frames = keys[:, 1:]
+        frames.view(np.uint8)[:] = raw[:, off : off + 16 * dmax]
+        frames.reshape(n, dmax, 2)[np.arange(dmax)[None, :] >= depth[:, None]] = 0
+    return keys, depth
+
+
+def _unique_rows(keys):
+    """(first index, inverse) of the distinct rows of a uint64 matrix, as
+    np.unique(..., return_index, return_inverse) gives: rows are grouped by
+    a 64-bit hash, then every row is compared with its group's first, so a
+    collision costs time (the exact, slower grouping), never a wrong group."""
+    n, width = keys.shape
+    h = (keys * _ROW_MIX[:width]).sum(axis=1, dtype=np.uint64)
+    _, first, inv = np.unique(h, return_index=True, return_inverse=True)
+    inv = inv.ravel()
+    if not np.array_equal(keys, keys[first[inv]]):
+        rows = np.ascontiguousarray(keys).view(np.dtype((np.void, 8 * width))).ravel()
+        _, first, inv = np.unique(rows, return_index=True, return_inverse=True)
+        inv = inv.ravel()
+    return first, inv.astype(np.int64)
+
+
+def _unique_pairs(a, b):
+    """(first index, inverse) of the distinct (a, b) pairs, exact, by one
+    lexsort (np.unique on a struct array is ~10x slower)."""
+    n = len(a)
+    order = np.lexsort((b, a))
+    sa, sb = a[order], b[order]
+    new = np.empty(n, dtype=bool)
+    new[:1] = True
+    new[1:] = (sa[1:] != sa[:-1]) | (sb[1:] != sb[:-1])
+    inv = np.empty(n, dtype=np.int64)
+    inv[order] = np.cumsum(new) - 1
+    return order[new], inv
+
+
 class StackTable:
     """Symbols, frames and stacks of the sampled processes (one reader thread)."""
 
@@ -192,6 +247,7 @@ class StackTable:
         self._frame_ids = {}  # content -> frame_id
         self._pystacks = {}  # raw Python frames (bytes) -> tuple of frame ids
         self._stack_ids = {}  # tuple of frame ids (leaf first) -> stack_id
+        self._native_ids = {}  # (pid, IP) -> frame_id of its function
 
     def _id(self):
         self._next_id += 1
@@ -212,6 +268,8 @@ class StackTable:
 
     def forget_pid(self, pid):
         self.versions.pop(pid, None)
+        for key in [k for k in self._native_ids if k[0] == pid]:
+            del self._native_ids[key]  # a recycled pid maps other code at these IPs
         for key in [k for k in self.symbols if k[0] == pid]:
             del self.symbols[key]
         for key in [k for k in self._pycontent if k[0] == pid]:
@@ -244,47 +302,47 @@ class StackTable:
 
         # Python frames: one entry per distinct (pid, frames) of the batch.
         pid = recs["pid"].astype(np.uint32)
-        depth = recs["depth"].astype(np.int64)
-        dmax = int(depth.max())
-        if dmax:
-            fr = np.array(recs["frames"][:, :dmax])  # a copy: unused entries are garbage
-            unused = np.arange(dmax)[None, :] >= depth[:, None]
-            for field in ("code", "lasti", "cksum"):
-                fr[field][unused] = 0
-            raw = np.concatenate(
-                [pid.view(np.uint8).reshape(n, 4), fr.view(np.uint8).reshape(n, dmax * 16)],
-                axis=1,
-            )
-            keys = np.ascontiguousarray(raw).view(np.dtype((np.void, raw.shape[1]))).ravel()
-            uniq, first, py_inv = np.unique(keys, return_index=True, return_inverse=True)
+        keys, depth = _frame_keys(recs)
+        if keys.shape[1] > 1:
+            py_first, py_inv = _unique_rows(keys)
             py_stacks = []
-            for u, i in zip(uniq.tolist(), first.tolist(), strict=True):
+            for i in py_first.tolist():
+                u = keys[i, : 1 + 2 * int(depth[i])].tobytes()
                 got = self._pystacks.get(u)
                 if got is None:
-                    got, complete = self._py_frames(int(pid[i]), fr[i, : depth[i]], frame_id)
+                    frames = recs["frames"][i, : depth[i]]
+                    got, complete = self._py_frames(int(pid[i]), frames, frame_id)
                     if complete:  # one with an unknown frame is looked at again next time
                         self._pystacks[u] = got
                 py_stacks.append(got)
         else:
             py_inv = np.zeros(n, dtype=np.int64)
             py_stacks = [()]
-        # Native leaves: one lookup per distinct (pid, IP), one id per function.
+        # Native leaves: one dictionary lookup per distinct (pid, IP), one id
+        # per function, and a small rank per distinct id for the grouping below.
         ip = recs["user_ip"].astype(np.uint64)
-        pip = np.empty(n, dtype=[("pid", "<u4"), ("ip", "<u8")])
-        pip["pid"], pip["ip"] = pid, ip
-        uniq_pip, nat_inv = np.unique(pip, return_inverse=True)
-        nat_ids = np.zeros(len(uniq_pip), dtype=np.int64)
-        for k, (p, a) in enumerate(uniq_pip.tolist()):
-            if a:
-                nat_ids[k] = frame_id(self.natives.content(p, a))
-        nat = nat_ids[nat_inv.ravel()]
+        nat_first, nat_inv = _unique_pairs(pid, ip)
+        nat_ids = np.zeros(len(nat_first), dtype=np.int64)
+        nat_ranks = np.zeros(len(nat_first), dtype=np.int64)
+        rank_of = {0: 0}
+        native_ids = self._native_ids
+        if len(native_ids) > MAX_RESOLVED:
+            native_ids.clear()
+        pairs = zip(pid[nat_first].tolist(), ip[nat_first].tolist(), strict=True)
+        for k, (p, a) in enumerate(pairs):
+            if not a:
+                continue
+            fid = native_ids.get((p, a))
+            if fid is None:
+                fid = native_ids[(p, a)] = frame_id(self.natives.content(p, a))
+            nat_ids[k] = fid
+            nat_ranks[k] = rank_of.setdefault(fid, len(rank_of))
+        nat = nat_ids[nat_inv]
         # Stacks: one lookup per distinct (Python frames, native leaf function).
-        _, nat_rank = np.unique(nat, return_inverse=True)
-        combo = py_inv.ravel().astype(np.int64) * (len(nat_ids) + 1) + nat_rank.ravel()
+        combo = py_inv * len(rank_of) + nat_ranks[nat_inv]
         uniq_c, first_c, c_inv = np.unique(combo, return_index=True, return_inverse=True)
         stack_ids = np.zeros(len(uniq_c), dtype=np.int64)
         valid = np.zeros(len(uniq_c), dtype=bool)
-        py_inv = py_inv.ravel()
         combo_frames = []
         for k, i in enumerate(first_c.tolist()):
             frames = py_stacks[py_inv[i]]
@@ -307,7 +365,9 @@ class StackTable:
                 "tid": recs["tid"].astype(np.int32),
                 "ts_ns": ts,
                 "cpu": recs["cpu"].astype(np.int16),
-                "stack_id": pa.array(stack_ids[c_inv], mask=~valid[c_inv], type=pa.int64()),
+                "stack_id": pa.array(
+                    stack_ids[c_inv], mask=None if valid.all() else ~valid[c_inv], type=pa.int64()
+                ),
                 "kernel_mode": recs["kernel_mode"].astype(bool),
                 "unwind": self._unwind(recs),
             }
@@ -338,11 +398,14 @@ class StackTable:
     def _note_latest(self, tids, ts, c_inv, combo_frames):
         """Each thread's latest sample of the batch: its time and stack."""
         tids = tids.astype(np.int64)
-        order = np.lexsort((ts, tids))  # by thread, then time: the last of each run
-        last = order[np.r_[tids[order][1:] != tids[order][:-1], True]]
+        if tids[0] == tids.min() == tids.max():
+            last = [int(ts.argmax())]  # one thread sampled: the common case
+        else:
+            order = np.lexsort((ts, tids))  # by thread, then time: the last of each run
+            last = order[np.r_[tids[order][1:] != tids[order][:-1], True]].tolist()
         if len(self.latest) > MAX_RESOLVED:
             self.latest.clear()
-        for i in last.tolist():
+        for i in last:
             self.latest[int(tids[i])] = (int(ts[i]), combo_frames[c_inv[i]])
 
     def _py_frames(self, pid, frames, frame_id):
@@ -374,6 +437,9 @@ class StackTable:
         frame was walked, else the reason (UNWIND_REASONS)."""
         status = recs["status"]
         flags = recs["flags"]
+        if not (status != CPU_OK).any() and not (flags & (CPU_F_FAULT | CPU_F_TRUNCATED)).any():
+            # every frame walked: the common case
+            return pa.DictionaryArray.from_arrays(pa.nulls(len(recs), pa.int8()), _UNWIND_DICT)
         codes = np.zeros(len(recs), dtype=np.int8)  # 0: NULL
         for name, label in UNWIND.items():
             codes[status == _STATUS[name]] = UNWIND_REASONS.index(label) + 1
