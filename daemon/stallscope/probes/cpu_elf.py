@@ -134,7 +134,12 @@ class _Module:
     def name(self, elf_addr):
         if self.starts is None or not len(self.starts):
             return None
-        k = int(np.searchsorted(self.starts, elf_addr, side="right")) - 1
+        if elf_addr < 0:
+            return None
+        # As a uint64: a Python int makes NumPy search a float64 copy of the
+        # whole table (uint64 and int64 meet at float64): 230 us a lookup in
+        # libtorch_cpu's 380k functions, against 0.8 us.
+        k = int(self.starts.searchsorted(np.uint64(elf_addr), side="right")) - 1
         if k < 0 or elf_addr >= int(self.ends[k]):
             return None
         got = self._names.get(k)
