@@ -33,7 +33,7 @@ def _stored_rows(db):
 
 def test_sigkill_keeps_the_last_flush_and_the_client_reconnects(tmp_path, full, figures):
     """SIGKILL mid-run: the file opens, holds a gap-free prefix up to the last
-    flush (<= 1.5 s before the kill: decode 0.25 s, flush 1 s); the client runs on, reconnects to the
+    flush (<= 1 s before the kill); the client runs on, reconnects to the
     restarted daemon, and the gap is a recorded loss."""
     run_s = 20.0 if full else 6.0
     d = Daemon(tmp_path).start()
@@ -47,7 +47,7 @@ def test_sigkill_keeps_the_last_flush_and_the_client_reconnects(tmp_path, full, 
     assert count > 0 and count == max_seq + 1  # a prefix: no holes
     assert last_seq == max_seq  # bookkeeping committed with the rows
     behind_ms = (kill_ns - max_end_ns) / 1e6
-    assert behind_ms <= 1500, behind_ms
+    assert behind_ms <= 1000, behind_ms
     time.sleep(1.0)  # the client runs on, daemonless
     t_restart = time.monotonic()
     d.start()

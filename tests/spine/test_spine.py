@@ -145,8 +145,8 @@ def test_daemon_absent_started_killed_restarted(tmp_path):
     d.start()
     assert wait_for(lambda: (probe.flush(), probe.connected)[1], 5.0)
     burst(200)
-    # let the daemon commit: decoded within 250 ms, written within 1 s of that
-    time.sleep(2.0)
+    # let the daemon commit: decoded within 250 ms, written within 0.5 s of that
+    time.sleep(1.5)
     d.kill()  # SIGKILL: whatever was not committed is lost
     burst(50)  # daemon gone again
     d.start()

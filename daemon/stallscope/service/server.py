@@ -44,7 +44,7 @@ from stallscope.vocab.log_channels import log_channel
 log = logging.getLogger(log_channel(__name__))
 
 # Without live subscribers nothing waits for a decode but the database, which
-# the writer flushes every 1 s (and a reader's cursor() flushes first).
+# the writer flushes every 0.5 s (and a reader's cursor() flushes first).
 DECODE_INTERVAL_S = 0.25
 # While someone watches the live stream, records are decoded as soon as
 # they arrive (the selector wakes the loop; nothing is polled), at most once
@@ -174,7 +174,7 @@ class Daemon:
         gpu_backend=None,
         settings=None,
         allowed_uids=None,
-        flush_interval_s=1.0,
+        flush_interval_s=0.5,
         notify=None,
         api_options=None,
         config_source=None,

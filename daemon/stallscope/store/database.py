@@ -6,9 +6,7 @@ Arrow tables, never row by row, and sleeps while nothing is queued: each
 INSERT costs 1-3 ms of CPU whatever its size, so the cost follows the
 batches, not the rows. The clients' tables (spans, GC passes, runs and the
 bookkeeping) are written when their oldest queued batch is
-`flush_interval_s` old (1 s: a SIGKILL loses at most ~1.25 s of a run; at
-0.5 s the writer's fixed cost a transaction was 0.2-0.45 % of a core more
-on a 200 steps/s engine, bench/daemon_footprint.py);
+`flush_interval_s` old (0.5 s: a SIGKILL loses at most ~0.75 s of a run);
 the probes' own tables (`PROBE_TABLES`: off-CPU, run-queue, kernel causes,
 GPU samples, the daemon's own stats) when theirs is `probe_flush_interval_s`
 old (4 s), which writes each of them an eighth as often (each INSERT's
@@ -218,7 +216,7 @@ class Store(Recovery):
     def __init__(
         self,
         path,
-        flush_interval_s=1.0,
+        flush_interval_s=0.5,
         memory_limit="128MB",
         sandbox=True,
         flush_rows=50_000,
