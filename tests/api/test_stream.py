@@ -176,7 +176,12 @@ def test_stalled_subscriber_loses_events_and_is_told(api_daemon, client):
     check = _subscribed(client)
     fast = Collector(client.events(kinds=[pb.SPAN]))
     assert wait_for(check)
+    # The slow stream must be counted before the warm span is sent: a span
+    # published before its subscription reaches the server is not its to
+    # see, and next(slow) below would wait forever (seen once in CI).
+    check = _subscribed(client)
     slow = slow_client.events(kinds=[pb.SPAN], max_queue_events=1000)
+    assert wait_for(check)
     slow_first = []
     # Take one message so the stream is established, then stop reading.
     probe = probe_client.connect(socket_path=api_daemon.socket, run_label="stall", gc=False)
