@@ -69,7 +69,11 @@ def test_each_kind_is_counted_and_its_time_measured(probe, work, cached, kind):
     # the kernel's own minor-fault count of the thread over the touch (a few
     # more faults of the interpreter may share the burst's rows)
     assert rec["faults"] >= (24 if kind == "huge" else 4096), rec
-    assert abs(counted - rec["faults"]) <= max(3, 0.03 * rec["faults"]), (counted, rec)
+    # None missed: at most 3 (3 %) fewer. More: the burst's first and last
+    # rows also hold the interpreter's own faults of up to a flush period
+    # either side (31 counted against 27 huge-page faults in one CI run).
+    assert counted >= rec["faults"] - max(3, 0.03 * rec["faults"]), (counted, rec)
+    assert counted - rec["faults"] <= max(8, 0.03 * rec["faults"]), (counted, rec)
     # rows are [first fault, last fault] of up to 20 ms, plus one fault
     assert np.all(every["end_ns"] >= every["start_ns"])
     assert np.all(every["end_ns"] - every["start_ns"] <= probe.flush_ns + 5_000_000)
