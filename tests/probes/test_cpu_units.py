@@ -239,9 +239,9 @@ def test_batch_grouping_matches_numpy_unique_even_when_every_hash_collides(monke
         _, first, inv = np.unique(rows, axis=0, return_index=True, return_inverse=True)
         return first, inv.ravel()
 
-    for mix in (cpu_stacks._ROW_MIX.copy(), np.zeros_like(cpu_stacks._ROW_MIX)):
-        monkeypatch.setattr(cpu_stacks, "_ROW_MIX", mix)  # zeros: one hash for every row
-        first, inv = cpu_stacks._unique_rows(keys)
+    for mix in (bpf_common._ROW_MIX.copy(), np.zeros_like(bpf_common._ROW_MIX)):
+        monkeypatch.setattr(bpf_common, "_ROW_MIX", mix)  # zeros: one hash for every row
+        first, inv = bpf_common.unique_rows(keys)
         want_first, want_inv = exact(keys)
         # the same partition of the rows, each group named by its first row
         assert np.array_equal(keys[first[inv]], keys)

@@ -144,9 +144,15 @@ def test_resolver_reads_tgid_from_proc(tmp_path):
     assert TgidResolver().tgid(threading.get_native_id()) == os.getpid()
 
 
-def test_comm_columns_decode_once_per_value():
+@pytest.mark.parametrize("collide", [False, True])
+def test_comm_columns_decode_once_per_value(monkeypatch, collide):
+    from stallscope.probes import bpf_common
+
+    if collide:  # every value hashes alike: the check must still part them
+        monkeypatch.setattr(bpf_common, "_ROW_MIX", np.zeros_like(bpf_common._ROW_MIX))
     values = np.array([b"python", b"kworker/0:1", b"python", b"", b"stall-waker"], dtype="S16")
     a, b = decode_comm(values, np.array([1, 1, 0, 1, 1], bool), np.array([0, 1, 1, 0, 0], bool))
     assert a.to_pylist() == ["python", "kworker/0:1", None, "", "stall-waker"]
     assert b.to_pylist() == [None, "kworker/0:1", "python", None, None]
+    assert len(a.dictionary) == 4  # "python" decoded once
     assert decode_comm(values[:0], np.array([], bool))[0].to_pylist() == []

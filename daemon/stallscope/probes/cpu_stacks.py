@@ -9,8 +9,8 @@ frame is a (kind, file or module, function, line) and is stored once
 (`cpu_frames`), each distinct stack once (`cpu_stacks`: one row per frame,
 depth 0 the leaf), and each sample as one small row naming its stack. The
 work is per distinct raw stack of the batch, not per sample: the Python
-frames of every sample are deduplicated with one `np.unique` over their raw
-bytes, the native leaves by (pid, IP), and only new combinations reach
+frames of every sample are deduplicated by a checked hash of their raw
+words (`bpf_common.unique_rows`), the native leaves by (pid, IP), and only new combinations reach
 Python code. Frame names come from `symbol` records (`add_symbol`); a frame
 whose (code address, checksum) has no symbol is "<unknown>", never the name
 of another code object that once had the address. Lines come from the
@@ -167,11 +167,6 @@ class _Natives:
             del self._resolved[key]
 
 
-# Odd 64-bit multipliers of the row hash in _unique_rows (fixed: the hash
-# only groups rows within a batch, and every group is checked byte for byte).
-_ROW_MIX = np.random.default_rng(0x5EED).integers(1, 2**63, 1 + 2 * 192, dtype=np.uint64) | 1
-
-
 def _frame_keys(recs):
     """(keys, depth): per sample, its pid and Python frames as uint64 words
     (pid, then two words a frame, entries past the sample's depth zeroed: the
@@ -190,22 +185,6 @@ def _frame_keys(recs):
         frames.view(np.uint8)[:] = raw[:, off : off + 16 * dmax]
         frames.reshape(n, dmax, 2)[np.arange(dmax)[None, :] >= depth[:, None]] = 0
     return keys, depth
-
-
-def _unique_rows(keys):
-    """(first index, inverse) of the distinct rows of a uint64 matrix, as
-    np.unique(..., return_index, return_inverse) gives: rows are grouped by
-    a 64-bit hash, then every row is compared with its group's first, so a
-    collision costs time (the exact, slower grouping), never a wrong group."""
-    n, width = keys.shape
-    h = (keys * _ROW_MIX[:width]).sum(axis=1, dtype=np.uint64)
-    _, first, inv = np.unique(h, return_index=True, return_inverse=True)
-    inv = inv.ravel()
-    if not np.array_equal(keys, keys[first[inv]]):
-        rows = np.ascontiguousarray(keys).view(np.dtype((np.void, 8 * width))).ravel()
-        _, first, inv = np.unique(rows, return_index=True, return_inverse=True)
-        inv = inv.ravel()
-    return first, inv.astype(np.int64)
 
 
 def _unique_pairs(a, b):
@@ -304,7 +283,7 @@ class StackTable:
         pid = recs["pid"].astype(np.uint32)
         keys, depth = _frame_keys(recs)
         if keys.shape[1] > 1:
-            py_first, py_inv = _unique_rows(keys)
+            py_first, py_inv = bpf_common.unique_rows(keys)
             py_stacks = []
             for i in py_first.tolist():
                 u = keys[i, : 1 + 2 * int(depth[i])].tobytes()
