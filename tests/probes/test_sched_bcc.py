@@ -116,3 +116,34 @@ def test_ring_overflow_is_counted_as_loss():
     assert lost > 0
     assert "ring buffer full" in sink.losses[0][4]
     assert kept + lost >= 400
+
+
+def test_summaries_keep_their_period_between_ring_reads():
+    """A summarised pool worker's sched_summary rows come every ~0.2 s while
+    the ring, whose reads then come back small, is read up to 1 s apart:
+    taking the summaries reads the mmapped array, not the ring (a ring read
+    costs ~1-2 ms of the reader's CPU, and it was paid at every summary)."""
+    reason = BccSchedProbe.unavailable()
+    require_privileged(reason is None, f"requires root and bcc: {reason}")
+    sink = CollectSink()
+    p = BccSchedProbe(ProbeSettings(sched_summary_after_ms=0))
+    p.start(sink)
+    w = Workload()
+    try:
+        p.track(w.pid)
+        w.start_thread()
+        p.detail_threads(w.pid, [w.pid])  # the process runs steps on its main thread
+        w.call("spin 2500")  # seen in exact records, then summarised; reads slow down
+        assert w.tid in p.status()["summarised_tids"]
+
+        def rows():
+            return sum(1 for t in sink.table("sched_summary").get("tid", []) if t == w.tid)
+
+        drains0, rows0 = p.status()["drains"], rows()
+        w.call("spin 3000")
+        drains, summaries = p.status()["drains"] - drains0, rows() - rows0
+    finally:
+        w.close()
+        p.stop()
+    assert summaries >= 10, summaries  # 3 s at one row per 0.2 s
+    assert drains <= summaries / 2, (drains, summaries)

@@ -70,9 +70,10 @@ def _has_bpf_privileges():
     return bpf_common.has_bpf_privileges()
 
 
-# The longest wait between reads while threads are summarised: their
-# sched_summary rows are taken at reads, every sched_summary_ms or this,
-# whichever is longer (the readers' own cadence may otherwise reach 1 s).
+# How often summarised threads' sched_summary rows are taken: every
+# sched_summary_ms or this, whichever is longer. Taking them reads the
+# mmapped `summaries` array, not the ring: the ring keeps its own cadence
+# (up to 1 s apart while reads come back small).
 SUMMARY_READ_S = 0.2
 
 
@@ -279,23 +280,39 @@ class BccSchedProbe(Probe):
         threads.background("sched-reader", backlog=ring.fill, hurry=self._park.hurry)
         t_cpu = time.thread_time_ns()
         cadence = bpf_common.Cadence(self.poll_s)
+        drain_at = time.monotonic() + self.poll_s
         wait_s = self.poll_s
         while not self._park.wait(self._stop, wait_s):
             try:
-                wait_s = cadence.next(self.drain())
+                now = time.monotonic()
+                # The ring is read at its own cadence (up to 1 s apart while
+                # reads come back small: a read's fixed cost, ~1-2 ms of numpy
+                # and Arrow, is paid per read), or at once when it fills
+                # (hurry() ends the wait). The summarised threads' rows keep
+                # their period between reads of the ring (the views split a
+                # row's time over steps): taking them costs no ring read.
+                if now >= drain_at or ring.fill() > threads.HURRY_ABOVE:
+                    drain_at = now + cadence.next(self.drain())
+                    # The kernel's per-program recursion counts are one
+                    # fdinfo file per program (13): read with the /proc
+                    # verification, not with every drain (that was a third
+                    # of the reader's CPU).
+                    slow = time.monotonic() - self._last_verify >= self.verify_s
+                    self._check_losses(recursion=slow)
+                    if slow:
+                        self.verify()
+                wait_s = drain_at - now
                 if self.summary is not None and self.summary.slots:
-                    # summarised threads' rows are read with the drains: keep
-                    # their period (the views split a row's time over steps)
-                    wait_s = min(wait_s, max(SUMMARY_READ_S, self.summary.interval_ns / 1e9))
-                # The kernel's per-program recursion counts are one fdinfo
-                # file per program (13): read with the /proc verification,
-                # not with every drain (that was a third of the reader's CPU).
-                slow = time.monotonic() - self._last_verify >= self.verify_s
-                self._check_losses(recursion=slow)
-                if slow:
-                    self.verify()
+                    with self._lock:
+                        self._read_summaries()
+                        if self.summary is not None:
+                            period = max(SUMMARY_READ_S, self.summary.interval_ns / 1e9)
+                            due = self.summary.last_read_ns / 1e9 + period - now
+                            wait_s = min(wait_s, due)
+                wait_s = max(wait_s, 0.001)
             except Exception:  # a failing sink must not kill the reader
                 log.exception("sched probe: reader error")
+                wait_s = self.poll_s
             now_cpu = time.thread_time_ns()
             self._reader_cpu_ns += now_cpu - t_cpu
             t_cpu = now_cpu
@@ -312,7 +329,7 @@ class BccSchedProbe(Probe):
                 self._emit(recs)
                 if self.summary is not None:
                     self.summary.seen(recs["pid"], recs["tid"], time.monotonic_ns())
-            self._read_summaries()
+            self._read_summaries()  # and the threads seen may be summarised from now
             return len(recs)
 
     def _emit(self, recs):
