@@ -39,7 +39,7 @@ def say(**kw):
     sys.stdout.flush()
 
 
-def c(n):
+def c(n):  # LINE_C_DEF
     x = 0
     for i in range(n):  # LINE_C_LOOP
         x += i * i  # LINE_C_BODY
