@@ -106,3 +106,40 @@ def test_deep_in_a_file_must_be_a_boolean(tmp_path):
         config.resolve({}, config_file=str(f), environ={})
     f.write_text("[probes]\ndeep = true\n")
     assert config.resolve({}, config_file=str(f), environ={})["probes.deep"] is True
+
+
+class SlowTrackProbe:
+    """A probe whose track() takes a while (the daemon's main loop starved on
+    a busy CPU while it ran), covering from the moment it returns."""
+
+    def __init__(self, name, track_s=0.0):
+        self.name, self.track_s, self.returned_ns = name, track_s, None
+
+    def track(self, pid):
+        import time
+
+        time.sleep(self.track_s)
+        self.returned_ns = time.monotonic_ns()
+
+    def covering(self):
+        return True
+
+
+def test_each_probe_covers_a_new_run_from_its_own_track(store):
+    """A run's coverage row for a probe opens when that probe follows the
+    pid, not after every probe has: a slow track() of a later probe does not
+    leave the earlier probe's first rows "not looked at"."""
+    import types
+
+    from stallscope.service.server import Daemon
+
+    sched, slow = SlowTrackProbe("sched"), SlowTrackProbe("page_faults", track_s=0.3)
+    daemon = types.SimpleNamespace(
+        tracked_pids=set(), probes=[sched, slow], coverage=Coverage(store)
+    )
+    Daemon._track(daemon, 100, run_id=7)
+    got = {p: s for r, p, s, _ in rows(store) if r == 7}
+    assert set(got) == {"sched", "page_faults"}
+    assert sched.returned_ns <= got["sched"] < sched.returned_ns + 100_000_000
+    assert got["page_faults"] >= slow.returned_ns
+    assert got["page_faults"] - got["sched"] >= 250_000_000

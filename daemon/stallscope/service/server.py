@@ -347,17 +347,21 @@ class Daemon:
 
     def _track(self, pid, run_id=None):
         self.tracked_pids.add(pid)
-        covering = []
+        if run_id is not None:
+            self.coverage.run_started(run_id, pid, [])
         for probe in self.probes:
             try:
                 probe.track(pid)
             except Exception as exc:
                 log.warning("%s probe could not follow pid %d: %s", probe.name, pid, exc)
                 continue
-            if probe.covering():
-                covering.append(probe.name)
-        if run_id is not None:
-            self.coverage.run_started(run_id, pid, covering)
+            if run_id is not None and probe.covering():
+                # Each probe covers from when it follows the pid, not from
+                # when the last one does: the main loop can be starved between
+                # two probes' track() (a nice-0 engine on its only CPU held it
+                # 5.6 s there, and the sched probe's rows of the whole run read
+                # "not looked at").
+                self.coverage.run_started(run_id, pid, [probe.name])
 
     def _step_threads(self, pid, tids):
         """Threads of `pid` that emit spans: probes that summarise other
