@@ -221,6 +221,17 @@ class BccSchedProbe(Probe):
             return
         for tid in tids:
             tid_map[ct.c_uint32(int(tid))] = ct.c_uint32(pid)
+        # The /proc verification counts from now, not from its first pass
+        # (up to sched_verify_ms later): a switch the kernel drops in a
+        # process's first second is reported too.
+        state = self._bpf[b"state"]
+        bases = {}
+        for tid in tids:
+            reading = self._switch_reading(state, pid, int(tid))
+            if reading is not None:
+                bases[(pid, int(tid))] = reading
+        with self._lock:
+            self._verify_base.update(bases)
 
     def untrack(self, pid):
         import ctypes as ct
@@ -415,8 +426,6 @@ class BccSchedProbe(Probe):
             return self._verify()
 
     def _verify(self):
-        import ctypes as ct
-
         self._last_verify = time.monotonic()
         if self._bpf is None:
             return 0
@@ -431,24 +440,16 @@ class BccSchedProbe(Probe):
             for gone in [k for k in self._verify_base if k[0] == pid and k[1] not in tids]:
                 del self._verify_base[gone]
             for tid in tids:
-                key = ct.c_uint32(tid)
-                try:
-                    a = state[key]
-                    with open(f"{self.proc_root}/{pid}/task/{tid}/status", "rb") as f:
-                        text = f.read()
-                    b = state[key]
-                except (KeyError, OSError):
+                reading = self._switch_reading(state, pid, tid)
+                if reading is None:
                     continue
-                if (a.n_vol, a.n_inv) != (b.n_vol, b.n_inv):
-                    continue  # it switched meanwhile: next pass
-                vol = int(text.split(b"\nvoluntary_ctxt_switches:")[1].split()[0])
-                inv = int(text.split(b"nonvoluntary_ctxt_switches:")[1].split()[0])
+                vol, inv, n_vol, n_inv = reading
                 base = self._verify_base.get((pid, tid))
-                self._verify_base[(pid, tid)] = (vol, inv, b.n_vol, b.n_inv)
+                self._verify_base[(pid, tid)] = reading
                 if base is None:
                     continue
-                miss_v = (vol - base[0]) - ((b.n_vol - base[2]) & 0xFFFFFFFF)
-                miss_i = (inv - base[1]) - ((b.n_inv - base[3]) & 0xFFFFFFFF)
+                miss_v = (vol - base[0]) - ((n_vol - base[2]) & 0xFFFFFFFF)
+                miss_i = (inv - base[1]) - ((n_inv - base[3]) & 0xFFFFFFFF)
                 for i, miss, kind in ((0, miss_v, "voluntary"), (1, miss_i, "preempted")):
                     if miss > 0:
                         self._unseen.setdefault(tid, [0, 0])[i] += miss
@@ -462,6 +463,33 @@ class BccSchedProbe(Probe):
                             f"the tracepoint did not report (dropped by the kernel)",
                         )
         return found
+
+    def _switch_reading(self, state, pid, tid):
+        """(voluntary, nonvoluntary switches in /proc, switch-outs the program
+        saw) of one thread, read together; None when it switched meanwhile or
+        is gone. A thread the program has not met yet (no `state` entry) saw
+        0: its entry starts at 0 at its first event since the process was
+        marked tracked."""
+        import ctypes as ct
+
+        key = ct.c_uint32(tid)
+        try:
+            a = state.get(key)
+            with open(f"{self.proc_root}/{pid}/task/{tid}/status", "rb") as f:
+                text = f.read()
+            b = state.get(key)
+        except OSError:
+            return None
+        seen_a = (a.n_vol, a.n_inv) if a is not None else (0, 0)
+        seen_b = (b.n_vol, b.n_inv) if b is not None else (0, 0)
+        if seen_a != seen_b:
+            return None  # it switched meanwhile: next pass
+        try:
+            vol = int(text.split(b"\nvoluntary_ctxt_switches:")[1].split()[0])
+            inv = int(text.split(b"nonvoluntary_ctxt_switches:")[1].split()[0])
+        except (IndexError, ValueError):
+            return None
+        return (vol, inv, *seen_b)
 
     def status(self):
         return {
