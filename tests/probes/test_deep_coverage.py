@@ -125,21 +125,51 @@ class SlowTrackProbe:
         return True
 
 
-def test_each_probe_covers_a_new_run_from_its_own_track(store):
-    """A run's coverage row for a probe opens when that probe follows the
-    pid, not after every probe has: a slow track() of a later probe does not
-    leave the earlier probe's first rows "not looked at"."""
+def fake_daemon(store, probes, watcher_probe=None):
+    """The Daemon attributes _track and track_external use, on a real store."""
     import types
 
     from stallscope.service.server import Daemon
 
-    sched, slow = SlowTrackProbe("sched"), SlowTrackProbe("page_faults", track_s=0.3)
     daemon = types.SimpleNamespace(
-        tracked_pids=set(), probes=[sched, slow], coverage=Coverage(store)
+        tracked_pids=set(),
+        probes=probes,
+        coverage=Coverage(store),
+        watcher=types.SimpleNamespace(probe=watcher_probe),
     )
-    Daemon._track(daemon, 100, run_id=7)
+    for name in ("_track", "_follow", "track_external"):
+        setattr(daemon, name, types.MethodType(getattr(Daemon, name), daemon))
+    return daemon
+
+
+def test_each_probe_covers_a_new_run_from_its_own_track(store):
+    """A run's coverage row for a probe opens when that probe follows the
+    pid, not after every probe has: a slow track() of a later probe does not
+    leave the earlier probe's first rows "not looked at"."""
+    sched, slow = SlowTrackProbe("sched"), SlowTrackProbe("page_faults", track_s=0.3)
+    fake_daemon(store, [sched, slow])._track(100, run_id=7)
     got = {p: s for r, p, s, _ in rows(store) if r == 7}
     assert set(got) == {"sched", "page_faults"}
     assert sched.returned_ns <= got["sched"] < sched.returned_ns + 100_000_000
     assert got["page_faults"] >= slow.returned_ns
     assert got["page_faults"] - got["sched"] >= 250_000_000
+
+
+def test_a_watched_process_is_covered_per_probe_and_gc_from_when_it_was_followed(store):
+    """`stallscope watch` (track_external): the same per-probe rows as a
+    client's run, GC covering from `followed_ns`, the watcher's own probe
+    not told to track (its track() means "a client took over")."""
+    import time
+
+    gc_probe = SlowTrackProbe("gc")
+    sched, slow = SlowTrackProbe("sched"), SlowTrackProbe("page_faults", track_s=0.3)
+    followed_ns = time.monotonic_ns() - 5_000_000_000
+    daemon = fake_daemon(store, [gc_probe, sched, slow], watcher_probe=gc_probe)
+    daemon.track_external(100, 9, followed_ns)
+    got = {p: s for r, p, s, _ in rows(store) if r == 9}
+    assert set(got) == {"gc", "sched", "page_faults"}
+    assert got["gc"] == followed_ns
+    assert gc_probe.returned_ns is None
+    assert sched.returned_ns <= got["sched"] < sched.returned_ns + 100_000_000
+    assert got["page_faults"] - got["sched"] >= 250_000_000
+    assert daemon.tracked_pids == {100}

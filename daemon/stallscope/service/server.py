@@ -346,21 +346,26 @@ class Daemon:
                 log.warning("%s probe did not stop cleanly: %s", probe.name, exc)
 
     def _track(self, pid, run_id=None):
-        self.tracked_pids.add(pid)
         if run_id is not None:
             self.coverage.run_started(run_id, pid, [])
+        self._follow(pid, run_id)
+
+    def _follow(self, pid, run_id, skip=None):
+        """Every probe but `skip` follows `pid`; each one's coverage row of
+        `run_id` opens as its own track() returns, not when the last one's
+        does: the main loop can be starved between two probes' track() (a
+        nice-0 engine on its only CPU held it 5.6 s there, and the sched
+        probe's rows of the whole run read "not looked at")."""
+        self.tracked_pids.add(pid)
         for probe in self.probes:
+            if probe is skip:
+                continue
             try:
                 probe.track(pid)
             except Exception as exc:
                 log.warning("%s probe could not follow pid %d: %s", probe.name, pid, exc)
                 continue
             if run_id is not None and probe.covering():
-                # Each probe covers from when it follows the pid, not from
-                # when the last one does: the main loop can be starved between
-                # two probes' track() (a nice-0 engine on its only CPU held it
-                # 5.6 s there, and the sched probe's rows of the whole run read
-                # "not looked at").
                 self.coverage.run_started(run_id, pid, [probe.name])
 
     def _step_threads(self, pid, tids):
@@ -419,20 +424,9 @@ class Daemon:
         """A process followed with no client (service/watch.py): the other
         probes follow it as they would a client's, the GC probe keeps it
         (covering it since `followed_ns`)."""
-        self.tracked_pids.add(pid)
-        covering = ["gc"]
-        for probe in self.probes:
-            if probe is self.watcher.probe:
-                continue  # its track() means "a client took over"
-            try:
-                probe.track(pid)
-            except Exception as exc:
-                log.warning("%s probe could not follow pid %d: %s", probe.name, pid, exc)
-                continue
-            if probe.covering():
-                covering.append(probe.name)
         self.coverage.run_started(run_id, pid, ["gc"], followed_ns)
-        self.coverage.run_started(run_id, pid, covering[1:])
+        # The watcher's track() means "a client took over": skipped here.
+        self._follow(pid, run_id, skip=self.watcher.probe)
 
     def untrack_external(self, pid, run_id, ended_ns):
         self.coverage.run_ended(run_id, ended_ns)
