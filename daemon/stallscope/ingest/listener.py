@@ -103,7 +103,13 @@ class Connection:
     def datagram_rate(self, now):
         """Its datagrams a second: the larger of the last complete window's
         and the current one's (once it is a tenth of a window old), or None
-        while no window is complete."""
+        while no window is complete. The current window counts datagrams
+        read, and a read after a light round's gather takes what was sent
+        over the LIGHT_ROUND_GAP_S before it: so its rate is over the window
+        and that gap. (Over the window alone, a 200 ms gather of a client
+        sending 45 a second, read 0.1 s into a window, read as 90 a second;
+        the main loop then took the client for a fast one and woke for each
+        datagram for the rest of the window.)"""
         elapsed = now - self.window_start
         if elapsed >= RATE_WINDOW_S:
             self.rate = self.window_datagrams / elapsed
@@ -112,11 +118,14 @@ class Connection:
         if self.rate is None:
             return None
         if elapsed >= RATE_WINDOW_S / 10:
-            return max(self.rate, self.window_datagrams / elapsed)
+            return max(self.rate, self.window_datagrams / (elapsed + LIGHT_ROUND_GAP_S))
         return self.rate
 
 
 RATE_WINDOW_S = 1.0
+# How long the main loop lets datagrams gather on slow connections between
+# two reads (service.server: a light round).
+LIGHT_ROUND_GAP_S = 0.2
 
 
 _WAKE = object()  # the selector key of Ingest's wake-up pipe

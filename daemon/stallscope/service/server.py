@@ -22,7 +22,7 @@ import time
 from stallscope import probes as probe_registry
 from stallscope import threads
 from stallscope.errors import ConfigError
-from stallscope.ingest.listener import Ingest
+from stallscope.ingest.listener import LIGHT_ROUND_GAP_S, Ingest
 from stallscope.ingest.requests import StacksRequests
 from stallscope.ingest.sockets import prepare_path
 from stallscope.probes import bpf_common
@@ -68,19 +68,21 @@ DECODE_BATCH_RECORDS = 65_536
 # With nothing arriving, the loop wakes this often (watchdog, deep windows,
 # SIGHUP, self statistics) instead of every 50 ms.
 IDLE_TICK_S = 0.5
-# Light traffic (fewer datagrams a round than this) gathers for the gap
-# before the next read: a client sends every 20 ms and its socket holds
-# seconds of that, so waking 5 times a second instead of 20 halved the main
-# loop's CPU at 200 steps/s (bench/daemon_footprint.py).
-LIGHT_ROUND_DATAGRAMS = 8
-LIGHT_ROUND_GAP_S = 0.2
+# Light traffic gathers for the gap (LIGHT_ROUND_GAP_S, 0.2 s) before the
+# next read: a client sends every 20 ms and its socket holds seconds of
+# that, so waking 5 times a second instead of 20 halved the main loop's CPU
+# at 200 steps/s (bench/daemon_footprint.py).
 # ... but only while every connection is known to send slowly enough that
 # the gap queues at most this many datagrams on it (a client socket holds
 # ~46 of 4 KiB; ingest measures each connection's rate over 1 s windows). A
 # new connection, or a client flushing 1,000 datagrams a second, is read
 # round after round: a blind 200 ms gather overflowed such a client's
 # socket (counted drops from a well-behaved client) and outlasted close()'s
-# wait for the BYE.
+# wait for the BYE. A round that read more than this is a burst (or several
+# clients at once) and is followed by another read at once, not a gather.
+# (It was 8, under what a 200 ms gather of a 200 steps/s client holds, 9-10
+# datagrams: every gathered round then counted as heavy, and the loop woke
+# again for the next single datagram, 12.9 wake-ups a second instead of ~5.)
 LIGHT_ROUND_MAX_BACKLOG = 16
 TICK_S = 0.1
 # Threads that registered no role (DuckDB's, Arrow's, gRPC's) are moved to
@@ -160,6 +162,15 @@ class StoreSink(Sink):
 
     def status(self, probe, backend, state, detail):
         self.store.record_probe_status(probe, backend, state, detail)
+
+
+def light_round(read, ingest):
+    """Whether the main loop may gather for LIGHT_ROUND_GAP_S after a round
+    that read `read` datagrams: it read some, no more than a gather of
+    slow clients queues, and every connection is known to send slowly."""
+    return 0 < read <= LIGHT_ROUND_MAX_BACKLOG and ingest.slow_enough(
+        LIGHT_ROUND_GAP_S, LIGHT_ROUND_MAX_BACKLOG
+    )
 
 
 class Daemon:
@@ -582,11 +593,7 @@ class Daemon:
             read = self.ingest.poll(min(IDLE_TICK_S, max(0.0, due - now)))
             if read:
                 threads.check_paced()
-            if (
-                0 < read < LIGHT_ROUND_DATAGRAMS
-                and not live
-                and self.ingest.slow_enough(LIGHT_ROUND_GAP_S, LIGHT_ROUND_MAX_BACKLOG)
-            ):
+            if not live and light_round(read, self.ingest):
                 # Light traffic (a client sends every 20 ms): let a few
                 # datagrams gather instead of waking for each; heavy traffic
                 # is read round after round (the queue holds 128 datagrams).
