@@ -88,7 +88,14 @@ _state = {
     "boosts": 0,
     "boost_refused": 0,
     "refused_reason": None,
+    "dodge": True,  # dodge_step_threads() moves threads (daemon.keep_off_engine_cpus)
 }
+# pid -> tids of the traced threads that emit spans (their engine's steps):
+# dodge_step_threads() keeps a burst of background work off their CPUs.
+_step_tids = {}
+# Step threads read per dodge: beyond this many, the first ones only (each
+# costs a /proc read, ~15 us).
+DODGE_MAX_THREADS = 16
 
 
 def _tid():
@@ -389,6 +396,82 @@ def forget():
     """The calling thread is about to end."""
     with _lock:
         _threads.pop(_tid(), None)
+
+
+def note_step_threads(pid, tids):
+    """Threads of `pid` that emit spans (ingest learns them from its records)."""
+    with _lock:
+        _step_tids.setdefault(int(pid), set()).update(int(t) for t in tids)
+
+
+def forget_step_threads(pid):
+    with _lock:
+        _step_tids.pop(int(pid), None)
+
+
+def set_dodging(enabled):
+    with _lock:
+        _state["dodge"] = bool(enabled)
+
+
+def step_thread_cpus(proc_root="/proc"):
+    """The CPUs the traced step threads last ran on (/proc/PID/task/TID/stat,
+    field 39); a thread gone is forgotten."""
+    with _lock:
+        pairs = [(p, t) for p, tids in _step_tids.items() for t in tids][:DODGE_MAX_THREADS]
+    cpus, gone = set(), []
+    for pid, tid in pairs:
+        try:
+            with open(f"{proc_root}/{pid}/task/{tid}/stat", "rb") as f:
+                text = f.read()
+        except OSError:
+            gone.append((pid, tid))
+            continue
+        # the fields after the comm's closing parenthesis start at field 3
+        fields = text[text.rindex(b")") + 2 :].split()
+        try:
+            cpus.add(int(fields[39 - 3]))
+        except (IndexError, ValueError):
+            continue
+    if gone:
+        with _lock:
+            for pid, tid in gone:
+                _step_tids.get(pid, set()).discard(tid)
+    return cpus
+
+
+def dodge_step_threads(proc_root="/proc"):
+    """Before a burst of background work (a store flush) or a wait (a ring
+    reader's): keep the calling thread off the CPUs the traced step threads
+    last ran on, while another CPU of the daemon's is left. On CPUs a busy
+    engine fills, an idle-priority thread queued on a step thread's CPU is
+    picked over it once its slice is used (EEVDF), several times in a flush
+    of a few ms; queued elsewhere, it takes its turn from a thread that is
+    not the step's. The affinity stays through the thread's sleep, so its
+    next wake-up lands there too. With no step thread (or dodging off) a
+    thread this narrowed gets the daemon's CPUs back; others are left alone.
+    Returns the CPUs the thread may use now, or None where it did nothing."""
+    with _lock:
+        enabled, placed, stepping = _state["dodge"], _state["cpus"], bool(_step_tids)
+    base = set(placed) if placed else allowed()
+    local = _dodged.__dict__
+    if not (enabled and stepping):
+        if not local.get("narrowed"):
+            return None
+        target = base
+    else:
+        target = (base - step_thread_cpus(proc_root)) or base
+    try:
+        # read back each time: place() moves every thread of the daemon
+        if os.sched_getaffinity(0) != target:
+            os.sched_setaffinity(0, target)
+    except OSError:
+        return None
+    local["narrowed"] = target != base
+    return target
+
+
+_dodged = threading.local()  # per thread: whether dodge_step_threads narrowed it
 
 
 def _apply_cpus(tid):

@@ -156,8 +156,8 @@ _DAEMON_AND_BACKEND_KEYS = [
         True,
         "STALLSCOPE_KEEP_OFF_ENGINE_CPUS",
         "keep_off_engine_cpus",
-        doc="keep the daemon's threads off the CPUs traced processes may run on, when "
-        "another CPU is allowed",
+        doc="keep the daemon's threads off the CPUs traced processes may run on, and its "
+        "store flushes off the CPUs their step threads last ran on, when another CPU is allowed",
     ),
     Key(
         "probes",

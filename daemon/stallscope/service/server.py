@@ -216,6 +216,7 @@ class Daemon:
             duckdb_threads=duckdb_threads,
         )
         self.placement = Placement(enabled=keep_off_engine_cpus)
+        threads.set_dodging(keep_off_engine_cpus)
         self.sink = StoreSink(self.store)
         self.coverage = Coverage(self.store)
         self.selfstats = SelfStats(self.store)
@@ -381,7 +382,9 @@ class Daemon:
 
     def _step_threads(self, pid, tids):
         """Threads of `pid` that emit spans: probes that summarise other
-        threads keep exact rows for these."""
+        threads keep exact rows for these, and the store's flushes keep off
+        their CPUs (threads.dodge_step_threads)."""
+        threads.note_step_threads(pid, tids)
         for probe in self.probes:
             detail = getattr(probe, "detail_threads", None)
             if detail is None:
@@ -451,6 +454,7 @@ class Daemon:
         if pid in self.extra_pids:
             return
         self.tracked_pids.discard(pid)
+        threads.forget_step_threads(pid)
         if getattr(self, "hangs", None) is not None:
             self.hangs.forget(pid)
         for probe in self.probes:

@@ -477,6 +477,7 @@ class Store(Recovery):
                 probe_due = self.pending_rows >= self.flush_rows or probe_groups
             if self._stop.is_set():
                 return
+            threads.dodge_step_threads()  # a flush is a burst of 2-5 ms of CPU
             try:
                 self.flush(probe_tables=probe_due)
             except Exception:  # a bug here must not end all writing: say it, go on

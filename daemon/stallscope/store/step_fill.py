@@ -213,6 +213,7 @@ class StepFiller:
         threads.background("step-fill")
         wait_s = self.interval_s
         while not self._stop.wait(wait_s):
+            threads.dodge_step_threads()  # a cycle is a burst of 0.1-0.4 s of CPU
             try:
                 self.cycle()
                 wait_s = BACKLOG_PAUSE_S if self.backlog else self.interval_s
