@@ -13,6 +13,7 @@ import array
 import errno
 import logging
 import os
+import select
 import selectors
 import socket
 import stat
@@ -306,6 +307,15 @@ class Ingest(RunRegistry, RecordDecoder, RequestDecoder, CensusIngest, PyStateIn
         if not self.slow_enough(IDLE_WAIT_S, SOCKET_HOLDS_DATAGRAMS // 2):
             return 1.0
         return peak / SOCKET_HOLDS_DATAGRAMS
+
+    def sleep(self, timeout):
+        """Wait `timeout` seconds, or less if wake() is called (by a signal
+        handler too: the wait takes no lock). A wake-up already pending ends
+        it at once and stays for poll() to read."""
+        try:
+            select.select([self._wake_r], [], [], timeout)
+        except (OSError, ValueError):  # closed: nothing left to wake it
+            time.sleep(timeout)
 
     def wake(self):
         """End the current poll() now; safe in a signal handler."""

@@ -238,7 +238,9 @@ class Daemon:
         self.config = config
         self.tracked_pids = set()
         self.stack_requests = None  # made at the first STACKS request
-        self._reload = threading.Event()
+        # Set by the signal handlers, which take no lock (see _signalled).
+        self._stop_asked = False
+        self._reload_asked = False
         # Probes first, the probe socket last: a client that can connect is
         # a client whose scheduling the probes already follow. (Under socket
         # activation the socket predates us; `coverage` says from when each
@@ -521,10 +523,31 @@ class Daemon:
 
     # ----- main loop -------------------------------------------------------------
     def stop(self, *_):
+        """Ask the daemon to stop, from any thread but inside a signal handler."""
         self._stop.set()
         ingest = getattr(self, "ingest", None)
         if ingest is not None:
             ingest.wake()  # the main loop may be in a 0.5 s poll
+
+    def _signalled(self, signum, _frame):
+        """SIGTERM, SIGINT and SIGHUP once the daemon runs. A handler runs in
+        the main thread between two of its bytecodes, so it takes no lock:
+        Event.set() there waits for the Event's own lock, which the main
+        loop holds while inside that Event's wait(), and the daemon hung
+        (a SIGTERM during a light round's gather: 60 s, then SIGKILL). It
+        sets a flag and wakes the main loop, which acts on it."""
+        if signum == signal.SIGHUP:
+            self._reload_asked = True
+        else:
+            self._stop_asked = True
+        self.ingest.wake()
+
+    def _stopping(self):
+        """Whether to stop; a signal's request becomes the stop event here,
+        outside the handler."""
+        if self._stop_asked and not self._stop.is_set():
+            self._stop.set()
+        return self._stop.is_set()
 
     def run(self):
         self.store.start()
@@ -554,10 +577,10 @@ class Daemon:
             except BaseException:
                 self.shutdown()
                 raise
-        signal.signal(signal.SIGTERM, self.stop)
-        signal.signal(signal.SIGINT, self.stop)
-        signal.signal(signal.SIGHUP, lambda *_: self._reload.set())
-        if self._stop.is_set():
+        signal.signal(signal.SIGTERM, self._signalled)
+        signal.signal(signal.SIGINT, self._signalled)
+        signal.signal(signal.SIGHUP, self._signalled)
+        if self._stopping():
             log.info("stop requested during start-up: reading what clients sent, then exiting")
         log.info(
             "listening on %s, database %s, probes: %s",
@@ -575,7 +598,7 @@ class Daemon:
         threads.paced("main", backlog=self.ingest.pace_backlog)
         last_decode = last_tick = time.monotonic()
         last_sweep = 0.0
-        while not self._stop.is_set():
+        while not self._stopping():
             if self.store.backlog() > INGEST_PAUSE_SHARE and not threads.boost_refused():
                 # Push back on the clients while the writer, raised to normal
                 # priority, catches up. A writer that cannot be raised may not
@@ -583,7 +606,7 @@ class Daemon:
                 # would go unreported): then ingest reads on and the store's
                 # bound drops what does not fit, counted per run.
                 threads.check_backlogs()
-                self._stop.wait(0.01)
+                self.ingest.sleep(0.01)
                 continue
             live = self.api is not None and self.api.live_subscribers() > 0
             if live != bpf_common.LIVE.is_set():
@@ -601,7 +624,7 @@ class Daemon:
                 # Light traffic (a client sends every 20 ms): let a few
                 # datagrams gather instead of waking for each; heavy traffic
                 # is read round after round (the queue holds 128 datagrams).
-                self._stop.wait(LIGHT_ROUND_GAP_S)
+                self.ingest.sleep(LIGHT_ROUND_GAP_S)
             now = time.monotonic()
             if self.ingest.undecoded >= DECODE_BATCH_RECORDS or (
                 now >= last_decode + interval and self.ingest.has_pending()
@@ -618,8 +641,8 @@ class Daemon:
                     threads.sweep()
                 self.placement.tick(self.tracked_pids)
                 self.selfstats.tick(self.tracked_pids)
-                if self._reload.is_set():
-                    self._reload.clear()
+                if self._reload_asked:
+                    self._reload_asked = False
                     config_reload.apply(self)
                 if self.notify:
                     self.notify.tick(self)
