@@ -197,16 +197,15 @@ class MapsSymbolizer:
         self._maps.pop(pid, None)
 
     def resolve(self, pid, ip, refresh=False):
-        """(name bytes or None, module path bytes or None)."""
+        """(name bytes or None, module path bytes or None); with `refresh`
+        the maps are read anew first."""
         try:
-            maps = self._maps.get(pid)
-            if maps is None or refresh:
-                maps = self._maps[pid] = self._read_maps(pid)
-            starts = [m[0] for m in maps]
-            k = bisect.bisect_right(starts, ip) - 1
-            if k < 0 or ip >= maps[k][1]:
+            mapping = self._mapping(pid, ip, refresh)
+            if mapping is None:
                 return None, None
-            start, _, offset, dev, inode, path = maps[k]
+            start, _, offset, dev, inode, path = mapping
+            if not path.startswith("/"):  # anonymous code (a JIT's), the vDSO
+                return None, None
             module = self._module(pid, path, dev, inode)
             if module is None:
                 return None, path.encode()
@@ -215,21 +214,45 @@ class MapsSymbolizer:
         except Exception:
             return None, None
 
+    def mapped(self, pid, ip):
+        """Whether `ip` lay in an executable mapping of `pid` when its maps
+        were last read, an anonymous one too (a JIT's code, the vDSO): a miss
+        there is no reason to read the maps again (a vLLM process's maps
+        are thousands of lines, 1-2 ms to read). False if never read."""
+        entry = self._maps.get(pid)
+        return entry is not None and self._find(entry, ip) is not None
+
+    def _mapping(self, pid, ip, refresh):
+        entry = self._maps.get(pid)
+        if entry is None or refresh:
+            entry = self._maps[pid] = self._read_maps(pid)
+        return self._find(entry, ip)
+
+    @staticmethod
+    def _find(entry, ip):
+        starts, maps = entry
+        k = bisect.bisect_right(starts, ip) - 1
+        if k < 0 or ip >= maps[k][1]:
+            return None
+        return maps[k]
+
     def _read_maps(self, pid):
+        """([start of each mapping], [(start, end, offset, dev, inode, path)])
+        of the executable mappings, sorted; path "" when anonymous."""
         out = []
         with open(f"{self.proc_root}/{pid}/maps") as f:
             for line in f:
                 parts = line.split(None, 5)
-                if len(parts) < 6 or "x" not in parts[1] or not parts[5].startswith("/"):
+                if len(parts) < 5 or "x" not in parts[1]:
                     continue
                 lo, hi = (int(x, 16) for x in parts[0].split("-"))
                 major, minor = (int(x, 16) for x in parts[3].split(":"))
-                path = parts[5].rstrip("\n")
+                path = parts[5].rstrip("\n") if len(parts) == 6 else ""
                 out.append(
                     (lo, hi, int(parts[2], 16), os.makedev(major, minor), int(parts[4]), path)
                 )
         out.sort()
-        return out
+        return [m[0] for m in out], out
 
     def _module(self, pid, path, dev, inode):
         key = (path, dev, inode)

@@ -115,8 +115,9 @@ class _Natives:
             return ("native", None, None, None)
         self.lookups += 1
         name, module = self._resolve(pid, ip)
-        if module is None and pid not in self._refreshed:
-            # A module mapped after the cache read the maps (dlopen): re-read once.
+        if module is None and pid not in self._refreshed and not self._mapped(pid, ip):
+            # A module mapped after the cache read the maps (dlopen): re-read
+            # once a drain (forget() drops the cache: the next resolve reads it).
             self._refreshed.add(pid)
             self.forget(pid)
             name, module = self._resolve(pid, ip)
@@ -137,7 +138,7 @@ class _Natives:
                 by_maps = False
             self._by_maps[pid] = by_maps
         if by_maps:
-            return self._maps.resolve(pid, ip, refresh=pid in self._refreshed)
+            return self._maps.resolve(pid, ip)
         try:
             cache = self._caches.get(pid)
             if cache is None:
@@ -148,6 +149,11 @@ class _Natives:
             return name, module
         except Exception:  # a process that is gone, an unreadable module
             return None, None
+
+    def _mapped(self, pid, ip):
+        """Whether the maps read for `pid` had `ip` in executable memory
+        (the maps symbolizer's; bcc's cache does not say)."""
+        return bool(self._by_maps.get(pid)) and self._maps.mapped(pid, ip)
 
     def forget(self, pid):
         self._maps.forget(pid)

@@ -385,7 +385,8 @@ class BccCudaProbe(BccTracepointProbe):
         key = (pid, ip)
         if key not in self._names:
             name, _ = self._symbols.resolve(pid, ip)
-            if name is None:  # a library mapped since the maps were read
+            if name is None and not self._symbols.mapped(pid, ip):
+                # a library mapped since the maps were read
                 name, _ = self._symbols.resolve(pid, ip, refresh=True)
             if len(self._names) > 4096:
                 self._names.clear()
