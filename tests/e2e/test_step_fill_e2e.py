@@ -40,7 +40,9 @@ def traced_db(tmp_path_factory):
     require_privileged(reason is None, f"requires root and bcc: {reason}")
     tmp_path = tmp_path_factory.mktemp("fill-e2e")
     daemon = DaemonProcess(
-        tmp_path, sched_backend="bcc", extra_args=["--deep", "--step-fill-interval-s", "1"]
+        tmp_path,
+        sched_backend="bcc",
+        extra_args=["--deep", "--step-fill-interval-s", "1", "--step-fill-cpu-share", "1"],
     ).start()
     try:
         scenario = subprocess.Popen(

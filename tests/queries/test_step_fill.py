@@ -9,6 +9,8 @@ the filled steps they touch back, and steps whose lock chain is still open
 must wait.
 """
 
+import threading
+
 import pytest
 from tests.queries.test_golden import CASES, HERE, render
 
@@ -272,3 +274,32 @@ def test_backlog_filled_slice_by_slice(fixture, monkeypatch):
     assert cycles > 5
     assert filled(con) == con.execute("SELECT count(*) FROM _step").fetchone()[0]
     assert rows(con, ALL_STEP_VIEWS) == expected
+
+
+@pytest.mark.parametrize(
+    ("cpu_share", "cycle_cpu_s", "expected"),
+    [
+        (0.001, 0.25, [60.0, 250.0, 250.0, 250.0]),  # paced: 0.25 s of CPU a cycle / 0.1 %
+        (0.001, 0.01, [60.0, 60.0, 60.0, 60.0]),  # a cheap cycle: never sooner than the interval
+        (0.001, 2.0, [60.0, 600.0, 600.0, 600.0]),  # never later than MAX_PACED_WAIT_S
+        (1.0, 0.25, [60.0, 60.0, 60.0, 60.0]),  # share 1: every interval
+    ],
+)
+def test_cycles_are_spaced_by_what_they_cost(monkeypatch, cpu_share, cycle_cpu_s, expected):
+    """The thread's waits between cycles: the interval until a cycle filled
+    something, then that cycle's CPU over cpu_share (bounded); a cycle that
+    fills nothing (an idle engine) keeps the last figure."""
+    con = fixture_db("kernel")
+    filler = StepFiller(FakeStore(con), interval_s=60.0, settle_ns=0, cpu_share=cpu_share)
+    clock = iter(range(1000))
+    monkeypatch.setattr(step_fill.time, "thread_time", lambda: next(clock) * cycle_cpu_s)
+    fills = iter([3, 0, 5])  # steps each cycle fills: the second finds nothing new
+    monkeypatch.setattr(filler, "cycle", lambda: next(fills))
+    waits = []
+    monkeypatch.setattr(filler._stop, "wait", lambda s: waits.append(s) or len(waits) > 3)
+    # its own thread: _run lowers the calling thread's priority
+    t = threading.Thread(target=filler._run)
+    t.start()
+    t.join(10)
+    assert waits == expected
+    assert filler.last_cycle_cpu_s == pytest.approx(cycle_cpu_s)

@@ -107,6 +107,7 @@ def run(args):
         config=cfg,
         retention_limits=limits,
         step_fill_interval_s=cfg["daemon.step_fill_interval_s"],
+        step_fill_cpu_share=cfg["daemon.step_fill_cpu_share"],
         max_backlog_rows=cfg["daemon.max_backlog_rows"],
         duckdb_threads=cfg["daemon.duckdb_threads"],
         keep_off_engine_cpus=cfg["daemon.keep_off_engine_cpus"],

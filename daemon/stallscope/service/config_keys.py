@@ -124,9 +124,21 @@ _DAEMON_AND_BACKEND_KEYS = [
         "STALLSCOPE_STEP_FILL_INTERVAL_S",
         "step_fill_interval_s",
         minimum=0.1,
-        doc="store settled steps' attribution components (step_components) this often, seconds "
-        "(a cycle costs ~0.2 s of CPU whatever its size: planning the views; steps not filled "
-        "yet are computed when read)",
+        doc="store settled steps' attribution components (step_components) at most this often, "
+        "seconds (a cycle costs ~0.2 s of CPU whatever its size: planning the views; steps not "
+        "filled yet are computed when read)",
+    ),
+    Key(
+        "daemon",
+        "step_fill_cpu_share",
+        "float",
+        0.001,
+        "STALLSCOPE_STEP_FILL_CPU_SHARE",
+        "step_fill_cpu_share",
+        minimum=0.0001,
+        doc="space the step fill's cycles so that they use at most this share of one core "
+        "(after a cycle of c CPU-seconds the next waits c / share, at most 600 s, at least "
+        "step_fill_interval_s); 1 = every step_fill_interval_s",
     ),
     Key(
         "daemon",

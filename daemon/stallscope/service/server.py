@@ -193,6 +193,7 @@ class Daemon:
         retention_limits=None,
         stop_event=None,
         step_fill_interval_s=60.0,
+        step_fill_cpu_share=0.001,
         metrics_listen=None,
         metrics_max_label_values=32,
         max_backlog_rows=DEFAULT_MAX_BACKLOG_ROWS,
@@ -220,7 +221,9 @@ class Daemon:
         self.sink = StoreSink(self.store)
         self.coverage = Coverage(self.store)
         self.selfstats = SelfStats(self.store)
-        self.step_fill = StepFiller(self.store, interval_s=step_fill_interval_s)
+        self.step_fill = StepFiller(
+            self.store, interval_s=step_fill_interval_s, cpu_share=step_fill_cpu_share
+        )
         self.probes = []
         self.extra_pids = set(pids)
         # The CLI passes stopping.STOP, set by SIGTERM from the first moment.

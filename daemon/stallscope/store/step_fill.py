@@ -56,6 +56,13 @@ BACKLOG_SLICE_NS = 60_000_000_000
 BACKLOG_PAUSE_S = 0.5
 # Longest wait between cycles after failures (doubling from the interval).
 MAX_RETRY_S = 600.0
+# A cycle's CPU is a fixed ~0.2 s on a 2-vCPU VM whatever its size (binding,
+# optimising and starting the ~500 operators of the fill statement; 200
+# steps cost what 4,000 do), so cycles are spaced by what the last one cost:
+# after a cycle of c CPU-seconds the next waits c / cpu_share (0.1 % of a
+# core: ~200 s here), never less than the interval nor more than this.
+# Steps not filled yet are computed when read (~4 us each per query).
+MAX_PACED_WAIT_S = 600.0
 
 # Off-CPU rows that take part in lock chains (_offcpu_event's `vol`).
 _VOL = (
@@ -116,9 +123,10 @@ def _min_per_key(batch, keys, col):
 class StepFiller:
     """Fills step_components from a cursor of the daemon's database."""
 
-    def __init__(self, store, interval_s=60.0, settle_ns=2_000_000_000):
+    def __init__(self, store, interval_s=60.0, settle_ns=2_000_000_000, cpu_share=0.001):
         self.store = store
         self.interval_s = interval_s
+        self.cpu_share = cpu_share  # of one core, for cycles that fill (see MAX_PACED_WAIT_S)
         self.settle_ns = int(settle_ns)
         self._lock = threading.Lock()
         self._late = {}  # ('k', pid, tid) | ('r', run_id) | ('s', run_id, tid) -> min start
@@ -131,6 +139,7 @@ class StepFiller:
         self._thread = None
         self._cur = None  # the cursor of the cycle in progress (stop() interrupts it)
         self.cycles = 0
+        self.last_cycle_cpu_s = None  # thread CPU of the last cycle that filled
         self.steps_filled = 0
         self.steps_reset = 0
         self.last_error = None
@@ -215,8 +224,11 @@ class StepFiller:
         while not self._stop.wait(wait_s):
             threads.dodge_step_threads()  # a cycle is a burst of 0.1-0.4 s of CPU
             try:
-                self.cycle()
-                wait_s = BACKLOG_PAUSE_S if self.backlog else self.interval_s
+                cpu0 = time.thread_time()
+                filled = self.cycle()
+                if filled:
+                    self.last_cycle_cpu_s = time.thread_time() - cpu0
+                wait_s = BACKLOG_PAUSE_S if self.backlog else self.paced_wait_s()
             except Exception as exc:  # the daemon runs on; the views compute the rest
                 if self._stop.is_set():
                     break  # interrupted by stop(): the cycle rolled back
@@ -225,6 +237,14 @@ class StepFiller:
                 # is not retried at full rate
                 wait_s = min(wait_s * 2, MAX_RETRY_S)
                 log.warning("step_components fill failed (next try in %.0f s): %s", wait_s, exc)
+
+    def paced_wait_s(self):
+        """The wait before the next cycle: the interval, or longer so that
+        cycles that fill stay within `cpu_share` of a core."""
+        if not self.last_cycle_cpu_s or self.cpu_share >= 1:
+            return self.interval_s
+        paced = min(self.last_cycle_cpu_s / self.cpu_share, MAX_PACED_WAIT_S)
+        return max(self.interval_s, paced)
 
     # ----- one cycle ----------------------------------------------------------
     def cycle(self, now_ns=None):
