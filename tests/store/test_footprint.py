@@ -384,3 +384,30 @@ def test_daemon_preempting_a_traced_thread_is_named_as_preemptor(tmp_path):
         [engine.pid, d.proc.pid],
     )
     assert named > 0
+
+
+def test_probe_losses_share_one_insert_with_the_clients(tmp_path):
+    """A probe's loss is a row of the flush's one `losses` INSERT (a statement
+    per loss cost ~0.5 ms each), next to ingest's: every field kept, the
+    probe's with no run."""
+    s = store.Store(str(tmp_path / "l.duckdb"), flush_interval_s=3600)
+    sink = server.StoreSink(s)
+    try:
+        sink.loss("cpu", 10, 20, 3, "native leaf only")
+        sink.loss("sched", 30, 40, 1, "switch-in not reported")
+        s.record_losses("client", [(7, 50, 60, 2, "sequence_gap")])
+        assert s._statements == []  # no statement queued: rows only
+        cur = s.cursor()
+        got = cur.execute(
+            "SELECT run_id, probe, start_ns, end_ns, count, reason, stored_ns > 0 "
+            "FROM losses ORDER BY start_ns"
+        ).fetchall()
+        cur.close()
+        assert got == [
+            (None, "cpu", 10, 20, 3, "native leaf only", True),
+            (None, "sched", 30, 40, 1, "switch-in not reported", True),
+            (7, "client", 50, 60, 2, "sequence_gap", True),
+        ]
+        assert s.flushes == 1
+    finally:
+        s.close()
