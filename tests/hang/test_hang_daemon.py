@@ -138,12 +138,6 @@ def _bracketed_captures(sock, pid, n=5):
     return out
 
 
-def _thread_state(pid, tid):
-    with open(f"/proc/{pid}/task/{tid}/stat", "rb") as f:
-        stat = f.read()
-    return stat[stat.rindex(b")") + 2 : stat.rindex(b")") + 3].decode()
-
-
 def _stopped_bracket(pid, tid):
     """The control for the captures' brackets: the spinner's thread kept
     stopped (SIGSTOP) for STOP_MS, as a capture that stopped the process
@@ -154,7 +148,11 @@ def _stopped_bracket(pid, tid):
     once read a 0.14 ms pause in a 2.1 ms SIGSTOP-to-SIGCONT bracket)."""
     os.kill(pid, signal.SIGSTOP)
     try:
-        assert wait_for(lambda: _thread_state(pid, tid) == "T", timeout_s=10, interval_s=0.0005)
+        assert wait_for(
+            lambda: hang_proc.kernel_state("/proc", pid, tid)["state"] == "T",
+            timeout_s=10,
+            interval_s=0.0005,
+        )
         t0 = time.monotonic_ns()
         time.sleep(STOP_MS / 1000)
         t1 = time.monotonic_ns()
