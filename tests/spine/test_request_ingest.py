@@ -24,6 +24,7 @@ import pytest
 import probe_client
 from helpers.daemonproc import DaemonProcess
 from probe_client import wire
+from stallscope.service.server import DECODE_INTERVAL_S
 
 pytestmark = pytest.mark.daemon
 
@@ -67,7 +68,8 @@ def _raw_client(daemon, version, token, datagrams, pause_s=0):
     """A client of our own making: HELLO, then each list of records as one
     RECORDS datagram with consecutive sequence numbers, then BYE. With
     pause_s, each datagram is sent once the daemon has read the one before
-    (the socket's send queue is empty) and pause_s after: each its own decode."""
+    (the socket's send queue is empty) and pause_s after (more than the
+    daemon's DECODE_INTERVAL_S: each its own decode)."""
     s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     s.connect(daemon.socket)
     s.send(_hdr(version, wire.DGRAM_HELLO) + json.dumps({"run_token": token}).encode())
@@ -215,7 +217,7 @@ def test_open_requests_silent_past_the_timeout_are_evicted_and_counted(tmp_path)
             [_req(E["token"], 10, t + 2 * s + 2, tokens=1),  # after its eviction
              _req(E["finished"], 12, t + 2 * s + 3)],
         ],
-        pause_s=0.2,
+        pause_s=DECODE_INTERVAL_S + 0.1,
     )  # fmt: skip
     assert d.stop()[0] == 0, d.read_log()
     errors = dict(d.query("SELECT reason, sum(count) FROM ingest_errors GROUP BY ALL"))
@@ -244,7 +246,7 @@ class _Peer:
         deadline = time.monotonic() + 30
         while _unread(self.sock) and time.monotonic() < deadline:
             time.sleep(0.01)
-        time.sleep(0.3)  # the daemon decodes what it read within 0.25 s
+        time.sleep(DECODE_INTERVAL_S + 0.1)  # each send decoded on its own
 
     def bye(self):
         self.sock.send(_hdr(4, wire.DGRAM_BYE, 0, self.seq))
@@ -275,7 +277,7 @@ def test_a_request_handed_from_a_caller_to_its_engine_is_one_request(daemon):
               _req(E["finished"], 4, t + 13 * ms))  # fmt: skip
     caller.send(_req(E["aborted"], 1, t + 14 * ms))  # an event after the hand-off
     # the caller's arrival read first, then the core's whole request in one
-    # decode (a request aborted within 0.25 s), by another process of the group
+    # decode (a request aborted within one decode interval), by another process of the group
     caller.send(_req(E["arrived"], 5, t + 15 * ms))
     late = _Peer(daemon, 14, "engine-a")
     late.send(_req(E["arrived"], 5, t + 16 * ms), _req(E["token"], 5, t + 17 * ms, tokens=1),

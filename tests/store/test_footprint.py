@@ -170,6 +170,29 @@ def test_a_probe_table_with_few_rows_waits_longer_and_a_reader_still_sees_it(tmp
         s.close()
 
 
+def test_a_decode_is_written_at_once_and_the_probe_tables_keep_their_wait(tmp_path):
+    """The main loop's decoded() has the writer flush the clients' rows at
+    once (one flush per decode); without it they wait for flush_interval_s,
+    here an hour. The probes' tables keep their own, longer wait."""
+    s = store.Store(str(tmp_path / "d.duckdb"), flush_interval_s=3600)
+    n = 7
+    s.start()
+    try:
+        s.decoded()  # nothing queued: no flush
+        s.append("spans", {"run_id": [1] * n, "seq": list(range(n)), "start_ns": [1] * n})
+        s.append("steal", {"cpu": [0], "start_ns": [1], "end_ns": [2], "steal_ns": [1]})
+        time.sleep(0.5)
+        assert s.rows_written == 0 and s.flushes == 0  # the hour's age rule holds them
+        s.decoded()
+        assert wait_for(lambda: s.rows_written == n, timeout_s=20)
+        assert s.flushes == 1 and s.pending_rows == 1  # the steal row waits on
+        s.decoded()  # nothing of the clients' queued: no flush
+        time.sleep(0.3)
+        assert s.flushes == 1
+    finally:
+        s.close()
+
+
 def test_writer_flushes_early_when_rows_pile_up(tmp_path):
     s = store.Store(str(tmp_path / "g.duckdb"), flush_interval_s=3600, flush_rows=100)
     s.start()
