@@ -193,6 +193,70 @@ def test_a_decode_is_written_at_once_and_the_probe_tables_keep_their_wait(tmp_pa
         s.close()
 
 
+def test_a_probes_loss_rides_with_the_next_flush_or_the_small_tables_wait(tmp_path, monkeypatch):
+    """A probe's loss row starts no flush of its own (the client tables'
+    0.5 s age rule): it is written with the next flush of any kind, or at
+    the latest when a small probe table would be."""
+    monkeypatch.setattr(store, "SMALL_PROBE_WAIT_S", 2.0)
+    s = store.Store(str(tmp_path / "r.duckdb"), flush_interval_s=0.05, probe_flush_interval_s=0.1)
+
+    def loss(i):
+        s.record_losses("cpu", [(None, i, i + 1, 1, "native leaf only")], ride=True)
+
+    s.start()
+    try:
+        t0 = time.monotonic()
+        loss(1)
+        time.sleep(0.5)  # ten times the clients' age rule
+        if time.monotonic() - t0 < 1.5:
+            assert s.flushes == 0
+        s.append("spans", {"run_id": [1], "seq": [0], "start_ns": [1]})
+        assert wait_for(lambda: s.rows_written == 2, timeout_s=20)  # with the span, one flush
+        assert s.flushes == 1
+        loss(2)
+        assert wait_for(lambda: s.rows_written == 3, timeout_s=20)  # alone: the small tables' wait
+        assert time.monotonic() - t0 >= 2.0
+        assert s.flushes == 2
+    finally:
+        s.close()
+
+
+def test_a_decodes_flush_takes_the_probe_tables_due_before_the_next(tmp_path):
+    """The probe tables due before the next decode's flush (expected as far
+    off as the last two decodes were apart) go with this one: one
+    transaction; those due later keep their own."""
+    s = store.Store(str(tmp_path / "t.duckdb"), flush_interval_s=1.0, probe_flush_interval_s=1.0)
+
+    def steal(n):
+        return {"cpu": [0] * n, "start_ns": [1] * n, "end_ns": [2] * n, "steal_ns": [1] * n}
+
+    def written(table):
+        cur = s.cursor(fresh=False)
+        try:
+            return cur.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+        finally:
+            cur.close()
+
+    big = store.SMALL_PROBE_ROWS
+    s.start()
+    try:
+        s.decoded()
+        time.sleep(0.6)
+        s.decoded()  # decodes 0.6 s apart
+        s.append("steal", steal(big))  # due in 1 s
+        time.sleep(0.6)  # now due in 0.4 s: before the next decode
+        s.append("runq", {"pid": [1] * big, "tid": [1] * big, "start_ns": [1] * big})  # in 1 s
+        s.append("spans", {"run_id": [1], "seq": [0], "start_ns": [1]})
+        s.decoded()
+        assert wait_for(lambda: s.flushes >= 1, timeout_s=20)
+        if s.flushes == 1:  # (a stalled writer may have seen steal come due on its own)
+            assert written("steal") == big and written("spans") == 1
+        assert written("runq") == 0 or s.flushes >= 2
+        assert wait_for(lambda: written("runq") == big, timeout_s=20)  # its own, later
+    finally:
+        s.close()
+
+
 def test_writer_flushes_early_when_rows_pile_up(tmp_path):
     s = store.Store(str(tmp_path / "g.duckdb"), flush_interval_s=3600, flush_rows=100)
     s.start()

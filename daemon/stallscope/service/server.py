@@ -168,9 +168,10 @@ class StoreSink(Sink):
     def loss(self, probe, start_ns, end_ns, count, reason):
         # As a row of the flush's one `losses` INSERT, not a statement of its
         # own (~0.5 ms each: the CPU sampler reports native-only samples of
-        # torch's OpenMP workers with every drain).
+        # torch's OpenMP workers once a second), riding with the next flush
+        # rather than starting one.
         self.store.record_losses(
-            probe, [(None, int(start_ns), int(end_ns), int(count), str(reason))]
+            probe, [(None, int(start_ns), int(end_ns), int(count), str(reason))], ride=True
         )
 
     def status(self, probe, backend, state, detail):
