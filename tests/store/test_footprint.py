@@ -131,6 +131,20 @@ def test_rows_are_written_when_read_and_progress_once_per_flush(tmp_path):
         s.close()
 
 
+def steal(n):
+    """n rows of the steal table (a probe table)."""
+    return {"cpu": [0] * n, "start_ns": [1] * n, "end_ns": [2] * n, "steal_ns": [1] * n}
+
+
+def written(s, table):
+    """Rows of `table` in the database, without flushing what is queued."""
+    cur = s.cursor(fresh=False)
+    try:
+        return cur.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+    finally:
+        cur.close()
+
+
 def test_a_probe_table_with_few_rows_waits_longer_and_a_reader_still_sees_it(tmp_path, monkeypatch):
     """The probes' tables are written every probe_flush_interval_s, but one
     with fewer than SMALL_PROBE_ROWS queued waits up to SMALL_PROBE_WAIT_S
@@ -138,16 +152,6 @@ def test_a_probe_table_with_few_rows_waits_longer_and_a_reader_still_sees_it(tmp
     reader's cursor() writes everything first."""
     monkeypatch.setattr(store, "SMALL_PROBE_WAIT_S", 2.5)
     s = store.Store(str(tmp_path / "p.duckdb"), flush_interval_s=0.05, probe_flush_interval_s=0.3)
-
-    def steal(n):
-        return {"cpu": [0] * n, "start_ns": [1] * n, "end_ns": [2] * n, "steal_ns": [1] * n}
-
-    def written(table):
-        cur = s.cursor(fresh=False)
-        try:
-            return cur.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
-        finally:
-            cur.close()
 
     big = store.SMALL_PROBE_ROWS
     s.start()
@@ -157,12 +161,12 @@ def test_a_probe_table_with_few_rows_waits_longer_and_a_reader_still_sees_it(tmp
         s.append("runq", {"pid": [1] * big, "tid": [1] * big, "start_ns": [1] * big})
         s.append("cpu_samples", {"pid": [1] * big, "tid": [1] * big, "ts_ns": [1] * big})
         s.append("cpu_frames", {"frame_id": [1], "function": ["f"]})
-        assert wait_for(lambda: written("runq") == big, timeout_s=20)
-        assert written("cpu_samples") == big  # due with runq: the same flush
-        assert written("cpu_frames") == 1  # the CPU sampler's tables are one group
+        assert wait_for(lambda: written(s, "runq") == big, timeout_s=20)
+        assert written(s, "cpu_samples") == big  # due with runq: the same flush
+        assert written(s, "cpu_frames") == 1  # the CPU sampler's tables are one group
         if time.monotonic() - t0 < 2.0:  # (a stalled machine may have passed the long wait)
-            assert written("steal") == 0
-        assert wait_for(lambda: written("steal") == 1, timeout_s=20)
+            assert written(s, "steal") == 0
+        assert wait_for(lambda: written(s, "steal") == 1, timeout_s=20)
         assert time.monotonic() - t0 >= 2.5
         s.append("steal", steal(1))
         assert s.cursor().execute("SELECT count(*) FROM steal").fetchone()[0] == 2
@@ -227,16 +231,6 @@ def test_a_decodes_flush_takes_the_probe_tables_due_before_the_next(tmp_path):
     transaction; those due later keep their own."""
     s = store.Store(str(tmp_path / "t.duckdb"), flush_interval_s=1.0, probe_flush_interval_s=1.0)
 
-    def steal(n):
-        return {"cpu": [0] * n, "start_ns": [1] * n, "end_ns": [2] * n, "steal_ns": [1] * n}
-
-    def written(table):
-        cur = s.cursor(fresh=False)
-        try:
-            return cur.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
-        finally:
-            cur.close()
-
     big = store.SMALL_PROBE_ROWS
     s.start()
     try:
@@ -250,9 +244,9 @@ def test_a_decodes_flush_takes_the_probe_tables_due_before_the_next(tmp_path):
         s.decoded()
         assert wait_for(lambda: s.flushes >= 1, timeout_s=20)
         if s.flushes == 1:  # (a stalled writer may have seen steal come due on its own)
-            assert written("steal") == big and written("spans") == 1
-        assert written("runq") == 0 or s.flushes >= 2
-        assert wait_for(lambda: written("runq") == big, timeout_s=20)  # its own, later
+            assert written(s, "steal") == big and written(s, "spans") == 1
+        assert written(s, "runq") == 0 or s.flushes >= 2
+        assert wait_for(lambda: written(s, "runq") == big, timeout_s=20)  # its own, later
     finally:
         s.close()
 
