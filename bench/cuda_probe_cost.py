@@ -14,7 +14,9 @@ and a traced one outside a diagnosis window pay) and attached:
 
 and derives the share of a thread's CPU the probe takes at 10^4 and 10^5
 launches/s (the issue's 1 % rule). Medians of the rounds. Needs root, bcc
-and cc. Usage: python bench/cuda_probe_cost.py [--rounds N]
+and cc. `--classic` attaches one uprobe per entry point, as the probe does
+on kernels without uprobe_multi links. Usage: python
+bench/cuda_probe_cost.py [--rounds N] [--classic]
 """
 
 import argparse
@@ -24,6 +26,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "daemon"))
@@ -51,6 +54,11 @@ class NullSink:
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument(
+        "--classic",
+        action="store_true",
+        help="one uprobe per entry point, as on kernels without uprobe_multi links",
+    )
     args = ap.parse_args()
     reason = BccCudaProbe.unavailable()
     if reason:
@@ -68,11 +76,14 @@ def main():
         return json.loads(engine.stdout.readline())
 
     probe = BccCudaProbe()
+    if args.classic:
+        probe._multi = False
     probe.start(NullSink())
     probe.track(ids["pid"])
     call("load")
     probe._scan(ids["pid"])
     got = {m: {"launch": [], "sync": [], "step": []} for m in ("detached", "attached")}
+    detach_s = []  # from detach() until the kernel holds none of the uprobes
     try:
         call(f"cost {CALLS} cuLaunchKernel")  # warm up
         for _ in range(args.rounds):
@@ -80,12 +91,15 @@ def main():
                 if mode == "attached":
                     probe.attach()
                 else:
+                    t0 = time.monotonic()
                     probe.detach()
                     # detach() leaves the uprobes' perf events to a closing
                     # thread (~0.1 s each): measured before they are closed,
                     # the detached arm paid the traps (and the next attach,
                     # two sets of them: ~20 us a call in both arms)
                     probe._closing([], wait=True)
+                    if probe.held_uprobes() == {} and got["attached"]["launch"]:
+                        detach_s.append(time.monotonic() - t0)
                 _, cpu = call(f"cost {CALLS} cuLaunchKernel")
                 got[mode]["launch"].append(cpu / CALLS)
                 _, cpu = call(f"cost {CALLS} cuStreamSynchronize")
@@ -101,9 +115,11 @@ def main():
     per_launch = med["attached"]["launch"] - med["detached"]["launch"]
     out = {
         "rounds": args.rounds,
+        "uprobes": "one per entry point" if args.classic else "uprobe_multi links",
         "launch_cpu_ns": {m: round(med[m]["launch"]) for m in med},
         "sync_cpu_ns": {m: round(med[m]["sync"]) for m in med},
         "step_1000_launches_us": {m: round(med[m]["step"] / 1000, 1) for m in med},
+        "detach_to_released_s": round(statistics.median(detach_s), 3) if detach_s else None,
         "probe_ns_per_launch": round(per_launch),
         "probe_ns_per_sync": round(med["attached"]["sync"] - med["detached"]["sync"]),
         "probe_us_per_step": round((med["attached"]["step"] - med["detached"]["step"]) / 1000, 1),

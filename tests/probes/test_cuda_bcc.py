@@ -6,6 +6,7 @@ probe finds it in the engine's /proc/PID/maps and attaches real uprobes to
 it exactly as it would to NVIDIA's library.
 """
 
+import errno
 import json
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from helpers import fakecuda
 from helpers.privileged import require_privileged
 from helpers.sched import CollectSink
 from helpers.waiting import wait_for
+from stallscope.probes import cuda_bcc
 from stallscope.probes.cuda_bcc import BccCudaProbe, entry_points, exported_functions
 
 pytestmark = pytest.mark.privileged
@@ -113,10 +115,10 @@ def test_untracked_and_detached_calls_are_not_seen(probe, engine, lib):
             )
             other.call("launch 500")
             other.call("sync 2000000 spin")
-            # every uprobe the probe holds is on the traced pid: the other
+            # every uprobe the probe holds (as the kernel says) is on the
+            # traced pid, an entry and a return per entry point: the other
             # process's calls never trap
-            events = list(probe._bpf.uprobe_fds)
-            assert events and all(e.endswith(b"_%d" % engine.pid) for e in events), events[:3]
+            assert probe.held_uprobes() == {engine.pid: 2 * attached(probe, engine.pid)}
         finally:
             probe.detach()
         assert str(other.pid) not in probe.status()["processes"]
@@ -198,7 +200,7 @@ def test_an_engine_without_the_driver_is_left_alone_and_the_probe_says_why(probe
         try:
             why = wait_for(lambda: probe.status()["idle"].get(str(e.pid)))
             assert why.startswith("no libcuda.so* mapped")
-            assert not any(ev.endswith(b"_%d" % e.pid) for ev in probe._bpf.uprobe_fds)
+            assert e.pid not in probe.held_uprobes()
         finally:
             probe.detach()
         state = [s for s in probe.sink.statuses if f"pid {e.pid}: idle" in s[3]]
@@ -207,3 +209,45 @@ def test_an_engine_without_the_driver_is_left_alone_and_the_probe_says_why(probe
         probe.untrack(e.pid)
         e.close()
     assert np.all(rows_of(probe, e.pid).get("pid", np.array([])) != e.pid)
+
+
+def test_without_uprobe_multi_links_one_uprobe_per_entry_point_is_attached(lib, monkeypatch):
+    """A kernel older than 6.6 refuses uprobe_multi links: the probe falls
+    back to one uprobe (and uretprobe) per entry point, and counts the same."""
+    reason = BccCudaProbe.unavailable()
+    require_privileged(reason is None, f"requires root and bcc: {reason}")
+    tried = []
+
+    def refused(*args, **kwargs):
+        tried.append(args)
+        raise OSError(errno.EINVAL, "Invalid argument")
+
+    # two entry points: each classic uprobe costs its detach ~0.1 s here
+    two = ("cuLaunchKernel", "cuStreamSynchronize")
+    monkeypatch.setattr(cuda_bcc, "link_uprobe_multi", refused)
+    monkeypatch.setattr(
+        cuda_bcc,
+        "entry_points",
+        lambda names: {n: f for n, f in entry_points(names).items() if n in two},
+    )
+    p = BccCudaProbe()
+    p.sink = CollectSink()
+    p.start(p.sink)
+    e = Engine(lib)
+    try:
+        p.track(e.pid)
+        e.call("load")
+        assert wait_for(lambda: p.status()["processes"].get(str(e.pid)))
+        p.attach()
+        try:
+            assert tried and p.held_uprobes() == {e.pid: 4}
+            t0, t1 = e.call("launch 300 cuLaunchKernel")
+        finally:
+            p.detach()
+        rows = rows_of(p, e.pid, t0, t1)
+        assert int(rows["count"][rows["kind"] == "launch"].sum()) == 300
+        assert wait_for(lambda: p.held_uprobes() == {})  # closed in the background
+    finally:
+        p.untrack(e.pid)
+        e.close()
+        p.stop()

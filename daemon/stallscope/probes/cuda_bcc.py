@@ -6,7 +6,9 @@ Loads `cuda_bcc.c` and attaches it as uprobes (entry) and uretprobes
 (`cuStreamSynchronize`, `cuEventSynchronize`, `cuCtxSynchronize`), query
 (`cuEventQuery`, `cuStreamQuery`: polling loops) and copy (`cuMemcpy*`)
 entry points, with every `_v2`/`_ptsz`/`_ptds` variant the library exports,
-per traced process only: a process that is not traced never enters the
+per traced process only (one uprobe_multi link per program and process,
+released with one grace period; one uprobe per entry point on kernels
+without such links): a process that is not traced never enters the
 program. The library is the one the process maps (a `probes.cuda_library`
 file in /proc/PID/maps), looked for again every `cuda_rescan_ms` until found
 while the probe is attached (a diagnosis window; at the attach too),
@@ -22,8 +24,11 @@ reach the same entry points and are counted; cudart's private export tables
 run Python per call.
 """
 
+import ctypes as ct
+import errno
 import logging
 import os
+import platform
 import re
 import threading
 import time
@@ -43,6 +48,103 @@ log = logging.getLogger(__name__)
 # it then (0.16-0.2 % of a core went to 4 reads a second of one small
 # process's maps, bench/daemon_footprint.py), and attach() rescans at once.
 DETACHED_RESCAN_S = 5.0
+
+# One uprobe per entry point and process closed slowly: the kernel waits a
+# grace period for each perf event it releases, one at a time (~0.16 s on
+# this VM: a real libcuda's ~180 uprobes and uretprobes took ~30 s to detach,
+# trapping every launch of the engine meanwhile). A uprobe_multi link (Linux
+# 6.6+) holds all of one program's uprobes in a process and is released with
+# one grace period for all of them (20 uprobes: 35 ms against 3.2 s). Where
+# the kernel has no such links, the probe attaches one uprobe per entry point.
+BPF_LINK_CREATE = 28
+BPF_OBJ_GET_INFO_BY_FD = 15
+BPF_TRACE_UPROBE_MULTI = 48
+BPF_F_UPROBE_MULTI_RETURN = 1
+_BPF_SYSCALL = {"x86_64": 321, "aarch64": 280}.get(platform.machine())
+# What a kernel without uprobe_multi links (or without this attach type for
+# the program) answers: the probe then falls back for good.
+_NO_MULTI_ERRNOS = {errno.EINVAL, errno.EOPNOTSUPP, errno.ENOSYS, errno.E2BIG, 524}
+
+
+class _UprobeMultiAttr(ct.Structure):
+    """bpf_attr's link_create with its uprobe_multi member (linux/bpf.h)."""
+
+    _fields_ = [
+        ("prog_fd", ct.c_uint32),
+        ("target_fd", ct.c_uint32),
+        ("attach_type", ct.c_uint32),
+        ("flags", ct.c_uint32),
+        ("path", ct.c_uint64),
+        ("offsets", ct.c_uint64),
+        ("ref_ctr_offsets", ct.c_uint64),
+        ("cookies", ct.c_uint64),
+        ("cnt", ct.c_uint32),
+        ("multi_flags", ct.c_uint32),
+        ("pid", ct.c_uint32),
+        ("_pad", ct.c_uint32),
+    ]
+
+
+class _UprobeMultiInfo(ct.Structure):
+    """bpf_link_info with its uprobe_multi member (Linux 6.8+)."""
+
+    _fields_ = [
+        ("type", ct.c_uint32),
+        ("id", ct.c_uint32),
+        ("prog_id", ct.c_uint32),
+        ("_pad", ct.c_uint32),
+        ("path", ct.c_uint64),
+        ("offsets", ct.c_uint64),
+        ("ref_ctr_offsets", ct.c_uint64),
+        ("cookies", ct.c_uint64),
+        ("path_size", ct.c_uint32),
+        ("count", ct.c_uint32),
+        ("flags", ct.c_uint32),
+        ("pid", ct.c_uint32),
+    ]
+
+
+_libc = ct.CDLL(None, use_errno=True)
+_libc.syscall.restype = ct.c_long
+
+
+def _bpf(cmd, attr):
+    if _BPF_SYSCALL is None:
+        raise OSError(errno.ENOSYS, f"no bpf syscall number known for {platform.machine()}")
+    rc = _libc.syscall(_BPF_SYSCALL, cmd, ct.byref(attr), ct.sizeof(attr))
+    if rc < 0:
+        e = ct.get_errno()
+        raise OSError(e, os.strerror(e))
+    return rc
+
+
+def link_uprobe_multi(prog_fd, path, offsets, pid, ret=False):
+    """A uprobe_multi link of `prog_fd` on `offsets` (file offsets) of `path`
+    in process `pid` (uretprobes with `ret`); its fd. OSError if refused."""
+    offs = (ct.c_uint64 * len(offsets))(*offsets)
+    cpath = ct.create_string_buffer(os.fsencode(path))
+    attr = _UprobeMultiAttr(
+        prog_fd=prog_fd,
+        attach_type=BPF_TRACE_UPROBE_MULTI,
+        path=ct.addressof(cpath),
+        offsets=ct.addressof(offs),
+        cnt=len(offsets),
+        multi_flags=BPF_F_UPROBE_MULTI_RETURN if ret else 0,
+        pid=pid,
+    )
+    return _bpf(BPF_LINK_CREATE, attr)
+
+
+def uprobe_multi_link_info(fd):
+    """(pid, number of uprobes) of a uprobe_multi link, as the kernel holds it."""
+    info = _UprobeMultiInfo()
+
+    class Attr(ct.Structure):
+        _fields_ = [("bpf_fd", ct.c_uint32), ("info_len", ct.c_uint32), ("info", ct.c_uint64)]
+
+    _bpf(BPF_OBJ_GET_INFO_BY_FD, Attr(fd, ct.sizeof(info), ct.addressof(info)))
+    return info.pid, info.count
+
 
 _KINDS = bpf_common.header_defines("cuda_bcc.h", "CU_KIND_")
 KIND_NAMES = {
@@ -134,7 +236,8 @@ class BccCudaProbe(BccTracepointProbe):
         self._scan_wake = threading.Event()
         self._scanner = None
         self._closer = None  # the thread closing detached uprobes (slow: see _closing)
-        self._to_close = []  # (bcc event name, perf event fd) waiting for it
+        self._to_close = []  # (bcc event name or None for a link, fd) waiting for it
+        self._multi = None  # uprobe_multi links: None until the first attach tells
         self._close_lock = threading.Lock()
         self.attach_errors = 0
 
@@ -272,6 +375,70 @@ class BccCudaProbe(BccTracepointProbe):
     # -- uprobes ---------------------------------------------------------------------
 
     def _attach_pid(self, pid):
+        if self._multi is not False:
+            try:
+                self._attach_links(pid)
+                self._multi = True
+                return
+            except OSError as exc:
+                if self._multi or exc.errno not in _NO_MULTI_ERRNOS:
+                    self.attach_errors += 1
+                    log.warning("cuda probe: cannot attach to pid %d: %s", pid, exc)
+                    return
+                self._multi = False
+                for fn in ("on_launch", "on_sync", "on_query", "on_copy", "on_return"):
+                    loaded = self._bpf.funcs.pop(fn.encode(), None)
+                    if loaded is not None:
+                        os.close(loaded.fd)
+                log.info(
+                    "cuda probe: no uprobe_multi links in this kernel (%s): one uprobe per "
+                    "entry point instead (a detach then takes ~0.1 s per uprobe, in the background)",
+                    exc,
+                )
+        self._attach_uprobes(pid)
+
+    def _attach_links(self, pid):
+        """One uprobe_multi link per program for `pid`, one for the returns."""
+        lib = self._libs[pid]
+        if lib["attached"]:
+            return
+        path = lib["path"].encode()
+        offsets, failed = {}, []  # program -> {offset: name}
+        for name, fn in sorted(lib["points"].items()):
+            try:
+                path, off = self._bpf._check_path_symbol(path, name.encode(), None, pid)
+            except Exception as exc:
+                failed.append(name)
+                log.warning("cuda probe: cannot resolve %s in pid %d: %s", name, pid, exc)
+                continue
+            offsets.setdefault(fn, {}).setdefault(off, name)
+        links = []
+        try:
+            every = sorted({o for by_off in offsets.values() for o in by_off})
+            for fn, by_off in sorted(offsets.items()):
+                prog = self._bpf.load_func(fn.encode(), self._bpf.KPROBE,
+                                           attach_type=BPF_TRACE_UPROBE_MULTI)  # fmt: skip
+                links.append(link_uprobe_multi(prog.fd, path, sorted(by_off), pid))
+            if every:
+                prog = self._bpf.load_func(b"on_return", self._bpf.KPROBE,
+                                           attach_type=BPF_TRACE_UPROBE_MULTI)  # fmt: skip
+                links.append(link_uprobe_multi(prog.fd, path, every, pid, ret=True))
+        except Exception:
+            for fd in links:
+                os.close(fd)
+            raise
+        self.attach_errors += len(failed)
+        # an alias of another name's offset is probed too, by that uprobe
+        lib["attached"] = [n for n in sorted(lib["points"]) if n not in failed]
+        lib["events"] += links
+        log.info(
+            "cuda probe: pid %d: %d entry points attached (%d uprobe_multi links)",
+            pid,
+            len(lib["attached"]),
+            len(links),
+        )
+
+    def _attach_uprobes(self, pid):
         lib = self._libs[pid]
         path = lib["path"].encode()
         for name, fn in sorted(lib["points"].items()):
@@ -297,8 +464,29 @@ class BccCudaProbe(BccTracepointProbe):
             lib["events"] += [e for e in self._bpf.uprobe_fds if e not in before]
         log.info("cuda probe: pid %d: %d entry points attached", pid, len(lib["attached"]))
 
+    def held_uprobes(self):
+        """{pid: uprobes (entry and return)} as the kernel holds them for the
+        probe now: each uprobe_multi link's pid and count read back from the
+        kernel, bcc's uprobes by their event names."""
+        held = {}
+        with self._ulock, self._close_lock:
+            events = [ev for lib in self._libs.values() for ev in lib["events"]]
+            events += list(self._bpf.uprobe_fds) if self._bpf is not None else []
+            # detached but not closed yet: the kernel still holds (and traps on) them
+            events += [fd if ev is None else ev for ev, fd in self._to_close]
+        for ev in dict.fromkeys(events):  # bcc's own list has the names of lib["events"] too
+            if isinstance(ev, int):
+                try:
+                    pid, count = uprobe_multi_link_info(ev)
+                except OSError:  # closed meanwhile
+                    continue
+            else:
+                pid, count = int(ev.rsplit(b"_", 1)[1]), 1
+            held[pid] = held.get(pid, 0) + count
+        return held
+
     def _take_events(self, pid):
-        """The bcc events of `pid`'s uprobes, forgotten as attached."""
+        """The bcc events of `pid`'s uprobes (or its links' fds), forgotten as attached."""
         lib = self._libs.get(pid)
         if lib is None:
             return []
@@ -310,14 +498,18 @@ class BccCudaProbe(BccTracepointProbe):
             self._closing(self._take_events(pid))
 
     def _closing(self, events, wait=False):
-        """Detach `events`: forgotten by bcc here, their perf events closed
-        by one background thread, in order (each close costs the kernel a
-        grace period, ~0.1 s on this VM, and they do not overlap), so the
-        caller (the daemon's loop, ingest) never waits for it unless `wait`.
+        """Detach `events` (links' fds, bcc's uprobe events): forgotten here,
+        closed by one background thread, in order (each close costs the
+        kernel a grace period, ~0.1 s on this VM, and they do not overlap;
+        a link is one close for all its uprobes), so the caller (the
+        daemon's loop, ingest) never waits for it unless `wait`.
         The program is gated by the `tracked` map, so a uprobe not yet
         closed records nothing."""
         with self._close_lock:
             for ev in events:
+                if isinstance(ev, int):  # a uprobe_multi link's fd
+                    self._to_close.append((None, ev))
+                    continue
                 fd = self._bpf.uprobe_fds.get(ev)
                 if fd is not None:
                     self._bpf._del_uprobe_fd(ev)
@@ -340,12 +532,17 @@ class BccCudaProbe(BccTracepointProbe):
                 if not self._to_close:
                     self._closer = None
                     return
-                ev, fd = self._to_close.pop(0)
+                ev, fd = self._to_close[0]  # listed until closed (held_uprobes)
             try:
-                bcc_lib.bpf_close_perf_event_fd(fd)
-                bcc_lib.bpf_detach_uprobe(ev)
+                if ev is None:
+                    os.close(fd)
+                else:
+                    bcc_lib.bpf_close_perf_event_fd(fd)
+                    bcc_lib.bpf_detach_uprobe(ev)
             except Exception as exc:  # already gone: nothing to stop
                 log.debug("cuda probe: detach %s: %s", ev, exc)
+            with self._close_lock:
+                self._to_close.pop(0)
 
     def attach(self):
         if self._bpf is None or self._attached:
