@@ -12,8 +12,11 @@
 
 -- One row per run with requests.
 CREATE OR REPLACE VIEW request_run_latency AS
-WITH l AS (
+WITH l AS MATERIALIZED (
     SELECT * FROM request_latency
+), a AS MATERIALIZED (  -- one reading of step_attribution for both tails (each costs ~0.7 s)
+    SELECT run_id, tid, step_idx, cause FROM step_attribution
+    WHERE run_id IN (SELECT run_id FROM request_events)
 ), p AS (
     SELECT run_id, count(*) AS requests,
            count(*) FILTER (end_event = 'finished') AS finished,
@@ -38,14 +41,14 @@ WITH l AS (
     SELECT l.run_id, coalesce(a.cause, CASE WHEN a.step_idx IS NULL THEN 'no_step' ELSE 'not_slow' END) AS cause
     FROM l JOIN p USING (run_id)
     LEFT JOIN first_tok f USING (run_id, request_id)
-    LEFT JOIN step_attribution a ON a.run_id = l.run_id AND a.tid = f.s.tid AND a.step_idx = f.s.step_idx
+    LEFT JOIN a ON a.run_id = l.run_id AND a.tid = f.s.tid AND a.step_idx = f.s.step_idx
     WHERE l.ttft_ns >= p.ttft_p99_ns
 ), itl_tail AS (
     SELECT g.run_id,
            CASE WHEN g.gap_kind <> 'step' THEN g.gap_kind
                 ELSE coalesce(a.cause, CASE WHEN a.step_idx IS NULL THEN 'no_step' ELSE 'not_slow' END) END AS cause
     FROM _request_gap g JOIN gq USING (run_id)
-    LEFT JOIN step_attribution a ON a.run_id = g.run_id AND a.tid = g.tid AND a.step_idx = g.step_idx
+    LEFT JOIN a ON a.run_id = g.run_id AND a.tid = g.tid AND a.step_idx = g.step_idx
     WHERE g.gap_ns >= gq.itl_p99_ns
 ), tails AS (
     SELECT run_id, 'ttft' AS what, cause, count(*) AS n FROM ttft_tail GROUP BY ALL

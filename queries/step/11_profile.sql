@@ -286,7 +286,11 @@ WITH a AS MATERIALIZED (
 ), n AS (
     SELECT a.run_id, a.baseline_group, c.node, min(c.level) AS level, any_value(c.parent) AS parent,
            any_value(c.node_kind) AS node_kind,
-           arg_max(c.frame_id, c.samples) AS frame_id, arg_max(c.py_frame_id, c.samples) AS py_frame_id,
+           -- the line of the step with the most samples there; ties: the lower
+           -- frame id (without it, which of two tied lines a report printed
+           -- changed from one query to the next)
+           arg_max(c.frame_id, (c.samples, -c.frame_id)) AS frame_id,
+           arg_max(c.py_frame_id, (c.samples, -c.frame_id)) AS py_frame_id,
            coalesce(sum(c.samples) FILTER (a.slow), 0) AS slow_samples,
            coalesce(sum(c.samples) FILTER (NOT a.slow), 0) AS normal_samples
     FROM a JOIN _step_cpu_node c USING (run_id, tid, step_idx)

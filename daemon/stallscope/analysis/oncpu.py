@@ -18,48 +18,78 @@ BUSY_GROUPS = 3  # groups (busiest by slow steps) that get a table and a flame g
 
 
 def _busy_groups(con, where):
-    return con.execute(
-        f"""SELECT run_id, baseline_group, any_value(slow_steps), any_value(normal_steps)
-            FROM step_profile_diff WHERE {where} AND slow_steps > 0 AND normal_steps > 0
-            GROUP BY ALL ORDER BY 3 DESC, 1, 2 LIMIT {BUSY_GROUPS}"""
+    """[(run_id, baseline_group, slow steps, normal steps, profile rows)] of
+    the BUSY_GROUPS groups with the most slow steps. One query over
+    step_profile_diff (each reading of the view costs ~1 s of planning and
+    scans on a 40 s vLLM run's database: one per group was 4). A profile row:
+    (node, parent, level, slow_samples, frame, slow %, normal %, excess ms, z,
+    share growth, excess_ns)."""
+    rows = con.execute(
+        f"""WITH d AS MATERIALIZED (
+                SELECT * FROM step_profile_diff WHERE {where}
+            ), g AS (
+                SELECT run_id, baseline_group, any_value(slow_steps) AS slow,
+                       any_value(normal_steps) AS normal
+                FROM d WHERE slow_steps > 0 AND normal_steps > 0
+                GROUP BY ALL ORDER BY 3 DESC, 1, 2 LIMIT {BUSY_GROUPS}
+            )
+            SELECT g.run_id, g.baseline_group, g.slow, g.normal,
+                   d.node, d.parent, d.level, d.slow_samples, d.frame,
+                   round(d.slow_share * 100, 1), round(d.normal_share * 100, 1),
+                   round(d.excess_ns / 1e6, 3), d.z,
+                   coalesce(d.slow_share, 0) - coalesce(d.normal_share, 0), d.excess_ns
+            FROM g JOIN d USING (run_id, baseline_group)
+            ORDER BY g.slow DESC, g.run_id, g.baseline_group, d.level, d.node"""
     ).fetchall()
+    groups = {}
+    for run_id, group, slow, normal, *profile in rows:
+        groups.setdefault((run_id, group, slow, normal), []).append(tuple(profile))
+    return [(*key, profile) for key, profile in groups.items()]
 
 
 def oncpu_section(con, where):
     """The section's text ('' when no slow step had CPU samples)."""
-    covered = con.execute(
-        f"SELECT count(*) FROM step_attribution WHERE {where} AND slow AND cpu_samples IS NOT NULL"
-    ).fetchone()[0]
-    if not covered:
+    # The slow steps' on-CPU columns in one reading of step_attribution
+    # (~0.7 s of planning and joins on a vLLM run's database: this section
+    # read it five times). cause is NULL unless a step is slow.
+    slow = con.execute(
+        f"""SELECT cause, code_frame, code_ns, cpu_slow_evidence, cpu_slow_test,
+                   cpu_samples IS NOT NULL
+            FROM step_attribution WHERE {where} AND slow"""
+    ).fetchall()
+    if not any(sampled for *_, sampled in slow):
         return ""
     text = "== On CPU (the CPU sampler's view of slow steps) ==\n"
-    code = con.execute(
-        f"""SELECT code_frame, count(*), round(sum(code_ns) / 1e6, 3)
-            FROM step_attribution WHERE {where} AND cause = 'code'
-            GROUP BY 1 ORDER BY 2 DESC, 1 LIMIT {TOP_FRAMES}"""
-    ).fetchall()
+    code = {}
+    for cause, frame, code_ns, *_ in slow:
+        if cause == "code":
+            n, ns = code.get(frame, (0, 0))
+            code[frame] = (n + 1, ns + (code_ns or 0))
     if code:
+        top = sorted(code.items(), key=lambda kv: (-kv[1][0], kv[0] is None, kv[0] or ""))
         text += "`code` steps by the frame holding their excess:\n"
-        text += format_table(["code_frame", "steps", "code ms"], code)
-    ev = con.execute(
-        f"""SELECT e, count(*) FROM (SELECT unnest(cpu_slow_evidence) AS e FROM step_attribution
-            WHERE {where} AND cause = 'cpu_slow') GROUP BY 1 ORDER BY 2 DESC, 1"""
-    ).fetchall()
-    n_slow = con.execute(
-        f"SELECT count(*) FROM step_attribution WHERE {where} AND cause = 'cpu_slow'"
-    ).fetchone()[0]
-    text += f"`cpu_slow` steps: {n_slow:,}" + (
-        " (evidence: " + ", ".join(f"{e} {n:,}" for e, n in ev) + "; a step may have several)"
+        text += format_table(
+            ["code_frame", "steps", "code ms"],
+            [(f, n, round(ns / 1e6, 3)) for f, (n, ns) in top[:TOP_FRAMES]],
+        )
+    cpu_slow = [evidence for cause, _, _, evidence, *_ in slow if cause == "cpu_slow"]
+    ev = {}
+    for evidence in cpu_slow:
+        for e in evidence or []:
+            ev[e] = ev.get(e, 0) + 1
+    text += f"`cpu_slow` steps: {len(cpu_slow):,}" + (
+        " (evidence: "
+        + ", ".join(f"{e} {n:,}" for e, n in sorted(ev.items(), key=lambda kv: (-kv[1], kv[0])))
+        + "; a step may have several)"
         if ev
         else ""
     )
     text += ".\n"
-    why = dict(
-        con.execute(
-            f"""SELECT coalesce(cpu_slow_test, 'not sampled'), count(*) FROM step_attribution
-                WHERE {where} AND cause = 'unexplained' GROUP BY 1"""
-        ).fetchall()
-    )
+    why = {}
+    for cause, _, _, _, test, _ in slow:
+        if cause == "unexplained":
+            key = test or "not sampled"
+            why[key] = why.get(key, 0) + 1
     if why:
         names = {
             "few_samples": "too few samples to test",
@@ -72,18 +102,17 @@ def oncpu_section(con, where):
             + ", ".join(f"{names.get(k, k)} {n:,}" for k, n in sorted(why.items()))
             + ".\n"
         )
-    for run_id, group, slow, normal in _busy_groups(con, where):
-        rows = con.execute(
-            f"""SELECT frame, round(slow_share * 100, 1), round(normal_share * 100, 1),
-                       round(excess_ns / 1e6, 3), z
-                FROM step_profile_diff
-                WHERE run_id = ? AND baseline_group = ? AND level > 0 AND excess_ns > 0
-                ORDER BY excess_ns DESC, frame LIMIT {TOP_FRAMES}""",
-            [run_id, group],
-        ).fetchall()
-        if rows:
-            text += f"run {run_id} group {group}: frames growing in {slow:,} slow against {normal:,} normal steps\n"
-            text += format_table(["frame", "slow %", "normal %", "excess ms", "z"], rows)
+    for run_id, group, n_slow, normal, profile in _busy_groups(con, where):
+        # level > 0, excess_ns > 0, by excess_ns DESC, frame
+        growing = sorted(
+            (p for p in profile if p[2] > 0 and p[10] is not None and p[10] > 0),
+            key=lambda p: (-p[10], p[4]),
+        )[:TOP_FRAMES]
+        if growing:
+            text += f"run {run_id} group {group}: frames growing in {n_slow:,} slow against {normal:,} normal steps\n"
+            text += format_table(
+                ["frame", "slow %", "normal %", "excess ms", "z"], [p[4:9] for p in growing]
+            )
     return text
 
 
@@ -116,14 +145,8 @@ def flame_figures(con, where, out_dir):
     import matplotlib.pyplot as plt
 
     paths = []
-    for run_id, group, slow, normal in _busy_groups(con, where):
-        rows = con.execute(
-            """SELECT node, parent, level, slow_samples, frame,
-                      coalesce(slow_share, 0) - coalesce(normal_share, 0)
-               FROM step_profile_diff WHERE run_id = ? AND baseline_group = ? AND slow_samples > 0""",
-            [run_id, group],
-        ).fetchall()
-        nodes = {r[0]: (r[1], r[2], r[3], r[4], r[5]) for r in rows}
+    for run_id, group, slow, normal, profile in _busy_groups(con, where):
+        nodes = {p[0]: (p[1], p[2], p[3], p[4], p[9]) for p in profile if p[3] > 0}
         # a parent the slow steps never reached (only normal steps ran it) is no box
         nodes = {k: v if v[0] in nodes else (None, *v[1:]) for k, v in nodes.items()}
         if not nodes:

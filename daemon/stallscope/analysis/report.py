@@ -264,14 +264,19 @@ def _who_section(con, where):
     _, rows = _rows(
         con,
         f"""
-        WITH w AS (
+        WITH a AS MATERIALIZED (  -- one pass over the view, not one per role
+            SELECT run_id, preemptor_comm, preemptor_pid, preemptor_run_id, preempted_ns,
+                   waker_comm, waker_tid, waker_run_id,
+                   coalesce(lock_ns, 0) + coalesce(peer_ns, 0) + coalesce(blocked_ns, 0) AS waited_ns
+            FROM step_attribution
+            WHERE {where} AND slow AND (preemptor_comm IS NOT NULL OR waker_comm IS NOT NULL)
+        ), w AS (
             SELECT run_id, 'preemptor' AS role, preemptor_comm AS comm, preemptor_pid AS id,
                    preemptor_run_id AS of_run, preempted_ns AS ns
-            FROM step_attribution WHERE {where} AND slow AND preemptor_comm IS NOT NULL
+            FROM a WHERE preemptor_comm IS NOT NULL
             UNION ALL
-            SELECT run_id, 'waker', waker_comm, waker_tid, waker_run_id,
-                   coalesce(lock_ns, 0) + coalesce(peer_ns, 0) + coalesce(blocked_ns, 0)
-            FROM step_attribution WHERE {where} AND slow AND waker_comm IS NOT NULL
+            SELECT run_id, 'waker', waker_comm, waker_tid, waker_run_id, waited_ns
+            FROM a WHERE waker_comm IS NOT NULL
         )
         SELECT run_id, role, comm, id, any_value(of_run), count(*), round(sum(ns) / 1e6, 3)
         FROM w GROUP BY run_id, role, comm, id
