@@ -386,7 +386,8 @@ class BccCudaProbe(BccTracepointProbe):
                     log.warning("cuda probe: cannot attach to pid %d: %s", pid, exc)
                     return
                 self._multi = False
-                for fn in ("on_launch", "on_sync", "on_query", "on_copy", "on_return"):
+                # the link-typed programs: bcc's own attach must load them again
+                for fn in [f for _, f in ENTRY_POINTS] + ["on_return"]:
                     loaded = self._bpf.funcs.pop(fn.encode(), None)
                     if loaded is not None:
                         os.close(loaded.fd)

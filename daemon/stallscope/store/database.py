@@ -428,16 +428,16 @@ class Store(Recovery):
 
     def _probe_due(self, now):
         """(the probe table groups due now, when the next one is due or
-        None); the lock held."""
+        None, {group: when it is due}); the lock held."""
         at = self._probe_at()
         next_at = min(at.values(), default=None)
         if next_at is None or next_at > now:
-            return set(), next_at
+            return set(), next_at, at
         # Once one group is due, the groups due within half an interval go
         # with it (a reader appends offcpu and runq microseconds apart: one
         # transaction, not two).
         soon = now + self.probe_flush_interval_s / 2
-        return {g for g, t in at.items() if t <= soon}, next_at
+        return {g for g, t in at.items() if t <= soon}, next_at, at
 
     def add_flush_hook(self, fn):
         """fn() -> [(sql, params)] runs at the start of every flush (before the
@@ -502,7 +502,7 @@ class Store(Recovery):
                 # of either kind is due or flush_rows rows wait.
                 while not self._stop.is_set():
                     now = time.monotonic()
-                    probe_groups, probe_at = self._probe_due(now)
+                    probe_groups, probe_at, group_at = self._probe_due(now)
                     dues = [
                         at - now
                         for at in (
@@ -526,9 +526,7 @@ class Store(Recovery):
                     # the next one's: one transaction, not two (its BEGIN,
                     # SET VARIABLE and COMMIT cost 2-3 ms).
                     until = now + self._decode_gap_s
-                    probe_due = set(probe_due) | {
-                        g for g, at in self._probe_at().items() if at <= until
-                    }
+                    probe_due = set(probe_due) | {g for g, at in group_at.items() if at <= until}
             if self._stop.is_set():
                 return
             threads.dodge_step_threads()  # a flush is a burst of 2-5 ms of CPU
