@@ -6,7 +6,11 @@ column the paths whose change can move its figure (the benchmark script and
 the code it exercises). A row is stale when one of those paths changed
 between its commit and HEAD (`git diff --name-only COMMIT HEAD -- PATHS`),
 when its commit is unknown to this repository, or when it has no stamp at
-all. Prints one line per stale row and exits 1 if there is any, 0 if none.
+all. A path written `:!path` (git's exclude pathspec) leaves that part of a
+covered folder out: the daemon-wide rows cover `daemon/stallscope` but not
+the report's own modules, which the daemon process never imports
+(tests/api/test_read_commands.py checks that). Prints one line per stale
+row and exits 1 if there is any, 0 if none.
 Usage: python bench/check.py [BENCHMARKS.md]
 """
 

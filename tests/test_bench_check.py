@@ -36,6 +36,8 @@ def test_rows_whose_paths_changed_are_listed(tmp_path):
         f"| row b | - | 2 | `bench/b.py` | `{first}` 2026-12-01 | `bench/b.py` |\n"
         "| row c | - | 3 | `bench/a.py` | | `bench/a.py` |\n"
         "| row d | - | 4 | `bench/a.py` | `deadbee` 2026-12-01 | `bench/a.py` |\n"
+        f"| row e | - | 5 | `bench/a.py` | `{first}` 2026-12-01 | `bench` `:!bench/b.py` |\n"
+        f"| row f | - | 6 | `bench/a.py` | `{first}` 2026-12-01 | `bench` `:!bench/a.py` |\n"
     )
     out = subprocess.run(
         [sys.executable, str(repo / "bench" / "check.py")], capture_output=True, text=True
@@ -46,4 +48,6 @@ def test_rows_whose_paths_changed_are_listed(tmp_path):
     assert any("row b" in ln and "bench/b.py" in ln for ln in lines), lines
     assert any("row c" in ln and "no `measured` stamp" in ln for ln in lines), lines
     assert any("row d" in ln and "not in this repository" in ln for ln in lines), lines
-    assert lines[-1] == "3 of 4 rows stale"
+    assert not any("row e" in ln for ln in lines), lines  # its one change is left out
+    assert any("row f" in ln and "bench/b.py" in ln for ln in lines), lines
+    assert lines[-1] == "4 of 6 rows stale"

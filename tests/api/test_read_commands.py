@@ -1,7 +1,9 @@
 """Every read command works the same through a running daemon's API as on the
 file, and finds the API by itself: the daemon publishes its socket beside the
 database, so `--db` alone is enough while it runs (the API socket here is not
-the default one). `report --out` draws its figures through the API too."""
+the default one). `report --out` draws its figures through the API too. The
+daemon that served them never imported the report's own code (what lets
+BENCHMARKS.md's daemon-wide rows leave it out of what they cover)."""
 
 import gc
 import os
@@ -40,10 +42,28 @@ def _engine_runs(socket_path):
         probe.close()
 
 
+# The daemon writes the names of the modules it imported when it exits.
+MODULES = "daemon_modules.txt"
+MODULES_AT_EXIT = """
+import atexit, sys
+def _modules_at_exit():
+    with open({path!r}, "w") as f:
+        f.write("\\n".join(sorted(sys.modules)))
+atexit.register(_modules_at_exit)
+"""
+# The report's own code (what only `stallscope report` runs, in its process);
+# bench/check.py's `covers` of the daemon-wide rows leave these out.
+REPORT_ONLY = (
+    "stallscope.analysis.report",
+    "stallscope.analysis.oncpu",
+    "stallscope.analysis.sections",
+)
+
+
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     path = tmp_path_factory.mktemp("read")
-    d = start_api_daemon(path)
+    d = start_api_daemon(path, preamble=MODULES_AT_EXIT.format(path=str(path / MODULES)))
     _engine_runs(d.socket)
     env = dict(os.environ)
     env.pop("STALLSCOPE_API_SOCKET", None)
@@ -126,3 +146,12 @@ def test_after_stop_the_file_gives_the_same_answers(served):
     on_file = cli("report", "--db", d.db, "--out", str(out), env=env)
     assert on_file.returncode == 0, on_file.stderr
     assert sorted(p.name for p in out.glob("*.png")) == live["pngs"]
+
+
+def test_the_daemon_that_served_the_report_never_imported_its_code(served):
+    """After the report went through the daemon's API (the tests above)."""
+    d, _, path = served
+    stop(d)
+    modules = (path / MODULES).read_text().split()
+    assert "stallscope.analysis.sandbox" in modules  # the list is the daemon's: it ran the SQL
+    assert [m for m in modules if m.startswith(REPORT_ONLY)] == []

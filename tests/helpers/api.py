@@ -3,10 +3,13 @@
 from helpers.daemonproc import DaemonProcess
 
 
-def start_api_daemon(path, extra=()):
-    """A daemon process with its API on `path`/api.sock (plus `extra` arguments)."""
+def start_api_daemon(path, extra=(), preamble=None):
+    """A daemon process with its API on `path`/api.sock (plus `extra` arguments;
+    `preamble`: Python it runs first, as DaemonProcess's)."""
     api_socket = str(path / "api.sock")
-    d = DaemonProcess(path, extra_args=["--api-socket", api_socket, *extra]).start()
+    d = DaemonProcess(
+        path, extra_args=["--api-socket", api_socket, *extra], preamble=preamble
+    ).start()
     d.api_socket = api_socket
     return d
 

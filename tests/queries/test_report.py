@@ -5,11 +5,11 @@ import re
 import numpy as np
 import pyarrow as pa
 import pytest
-from db import MS, new_db
+from db import MS, add_run, add_span, new_db
 
 from stallscope.analysis.compare import RunNotFound, compare_runs
 from stallscope.analysis.formatting import format_rows
-from stallscope.analysis.report import build_report
+from stallscope.analysis.report import attribution_read_once, build_report
 
 N = 2000  # steps per run
 STALL = 1501  # index of the step the gen-2 pass stalls in run 1
@@ -110,6 +110,48 @@ def test_report_run_filter(con):
     text = build_report(con, run_ids=[2])
     assert "1 run, 2,000 steps" in text and "(no generation-2 collection)" in text
     assert "Figures" not in text
+
+
+class _ApiLike:
+    """A connection that is not DuckDB's (as the daemon's API lends one):
+    the report cannot make tables on it and reads the view each time."""
+
+    def __init__(self, con):
+        self._con = con
+
+    def execute(self, sql, params=None):
+        return self._con.execute(sql, params or [])
+
+
+def _temporary_tables(con):
+    return con.execute("SELECT table_name FROM duckdb_tables() WHERE temporary").fetchall()
+
+
+def test_the_report_is_the_same_with_step_attribution_read_once(con):
+    assert build_report(con) == build_report(_ApiLike(con))
+    assert _temporary_tables(con) == []  # dropped at the end
+
+
+def test_step_attribution_read_once_stands_in_for_the_view_until_the_block_ends():
+    con = new_db()
+    add_run(con, 1, 100)
+    for k in range(3):
+        add_span(con, 1, 11, "step", 10 * k, 10 * k + 5)
+    count = "SELECT count(*) FROM step_attribution"
+    with attribution_read_once(con):
+        add_span(con, 1, 11, "step", 30, 35)
+        # the rows as they were: every view and section reads the one table
+        assert con.execute(count).fetchone()[0] == 3
+        assert con.execute("SELECT steps FROM seed_runs").fetchall() == [(3,)]
+        assert con.execute("SELECT count(*) FROM _step").fetchone()[0] == 4  # not a view of it
+        with attribution_read_once(con):  # nested (the demo's A/B around the report): one table
+            assert _temporary_tables(con) == [("step_attribution",)]
+        assert _temporary_tables(con) == [("step_attribution",)]
+    assert con.execute(count).fetchone()[0] == 4
+    assert con.execute("SELECT steps FROM seed_runs").fetchall() == [(4,)]
+    with pytest.raises(RuntimeError), attribution_read_once(con):
+        raise RuntimeError("a section failed")
+    assert _temporary_tables(con) == []
 
 
 def test_compare_ratios(con):
