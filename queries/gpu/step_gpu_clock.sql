@@ -10,10 +10,17 @@ CREATE OR REPLACE VIEW gpu_step_clock AS
 WITH steps AS (
     SELECT run_id, tid, stage, batch, start_ns, end_ns FROM spans WHERE kind = 'step'
 ),
-inside AS (
+threads AS (SELECT DISTINCT run_id, tid FROM steps),
+inside AS (     -- each sample in the step of each thread that holds it: the
+                -- thread's latest step to start at or before it (a thread's
+                -- steps do not overlap), if it has not ended. An ASOF join:
+                -- the range join took 59 s on 1 M steps and 61 k samples.
     SELECT s.run_id, s.tid, s.stage, s.batch, s.start_ns, s.end_ns,
            n.gpu, n.source, n.ts_ns, n.sm_clock_mhz, n.clock_event_reasons
-    FROM steps s JOIN nvml_samples n ON n.ts_ns >= s.start_ns AND n.ts_ns < s.end_ns
+    FROM (SELECT * FROM nvml_samples CROSS JOIN threads) n
+    ASOF JOIN (SELECT * FROM steps WHERE end_ns > start_ns) s
+      ON s.run_id = n.run_id AND s.tid = n.tid AND n.ts_ns >= s.start_ns
+    WHERE n.ts_ns < s.end_ns
 ),
 streams AS (SELECT DISTINCT gpu, source FROM nvml_samples),
 at_start AS (

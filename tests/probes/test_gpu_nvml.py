@@ -283,13 +283,13 @@ def test_step_gpu_clock_view(store):
     store.append(
         "spans",
         {
-            "run_id": [1, 1, 1],
-            "tid": [7, 7, 7],
-            "kind": ["step"] * 3,
-            "stage": ["recurrent"] * 3,
-            "batch": [8] * 3,
-            "start_ns": [1000 * ms, 1010 * ms, 5000 * ms],
-            "end_ns": [1004 * ms, 1013 * ms, 5003 * ms],
+            "run_id": [1, 1, 1, 1],
+            "tid": [7, 7, 7, 8],  # thread 8: a step inside thread 7's first
+            "kind": ["step"] * 4,
+            "stage": ["recurrent"] * 4,
+            "batch": [8] * 4,
+            "start_ns": [1000 * ms, 1010 * ms, 5000 * ms, 1001 * ms],
+            "end_ns": [1004 * ms, 1013 * ms, 5003 * ms, 1003 * ms],
         },
     )
     # poll samples at 10 Hz: full clock, then a power-cap at 1000 ms
@@ -323,6 +323,8 @@ def test_step_gpu_clock_view(store):
         # in force at start: poll 1980 (100 ms old), buffer 1980 (10 ms old);
         # inside: poll 1410 with sw_power_cap, buffer 1980
         (1000, 0, 1410, 1980, 4, ["sw_power_cap"], True, 2, 10 * ms),
+        # thread 8: in force, poll 1410 + cap (1 ms old less 1 ns); inside: buffer 1980
+        (1001, 0, 1410, 1980, 4, ["sw_power_cap"], True, 1, ms - 1),
         # in force: poll 1410 + cap (since 1000 ms), buffer 1980 (1002 ms); inside: the dip
         (1010, 0, 1095, 1980, 4, ["sw_power_cap"], True, 1, 8 * ms),
     ]  # the step at 5000 ms has no sample within 250 ms: no row
