@@ -10,6 +10,7 @@ it shrank. Nothing is printed for runs the sampler did not cover.
 """
 
 import os
+from typing import NamedTuple
 
 from stallscope.analysis.formatting import format_table
 
@@ -17,13 +18,27 @@ TOP_FRAMES = 8  # rows of the top-frames table per group
 BUSY_GROUPS = 3  # groups (busiest by slow steps) that get a table and a flame graph
 
 
+class ProfileRow(NamedTuple):
+    """One node of a group's differential profile (step_profile_diff)."""
+
+    node: int
+    parent: int | None
+    level: int
+    slow_samples: int
+    frame: str
+    slow_pct: float | None
+    normal_pct: float | None
+    excess_ms: float | None
+    z: float | None
+    growth: float  # slow share - normal share (0 where absent)
+    excess_ns: int | None
+
+
 def _busy_groups(con, where):
-    """[(run_id, baseline_group, slow steps, normal steps, profile rows)] of
+    """[(run_id, baseline_group, slow steps, normal steps, [ProfileRow])] of
     the BUSY_GROUPS groups with the most slow steps. One query over
     step_profile_diff (each reading of the view costs ~1 s of planning and
-    scans on a 40 s vLLM run's database: one per group was 4). A profile row:
-    (node, parent, level, slow_samples, frame, slow %, normal %, excess ms, z,
-    share growth, excess_ns)."""
+    scans on a 40 s vLLM run's database: one per group was 4)."""
     rows = con.execute(
         f"""WITH d AS MATERIALIZED (
                 SELECT * FROM step_profile_diff WHERE {where}
@@ -43,7 +58,7 @@ def _busy_groups(con, where):
     ).fetchall()
     groups = {}
     for run_id, group, slow, normal, *profile in rows:
-        groups.setdefault((run_id, group, slow, normal), []).append(tuple(profile))
+        groups.setdefault((run_id, group, slow, normal), []).append(ProfileRow(*profile))
     return [(*key, profile) for key, profile in groups.items()]
 
 
@@ -105,13 +120,14 @@ def oncpu_section(con, where):
     for run_id, group, n_slow, normal, profile in _busy_groups(con, where):
         # level > 0, excess_ns > 0, by excess_ns DESC, frame
         growing = sorted(
-            (p for p in profile if p[2] > 0 and p[10] is not None and p[10] > 0),
-            key=lambda p: (-p[10], p[4]),
+            (p for p in profile if p.level > 0 and p.excess_ns is not None and p.excess_ns > 0),
+            key=lambda p: (-p.excess_ns, p.frame),
         )[:TOP_FRAMES]
         if growing:
             text += f"run {run_id} group {group}: frames growing in {n_slow:,} slow against {normal:,} normal steps\n"
             text += format_table(
-                ["frame", "slow %", "normal %", "excess ms", "z"], [p[4:9] for p in growing]
+                ["frame", "slow %", "normal %", "excess ms", "z"],
+                [(p.frame, p.slow_pct, p.normal_pct, p.excess_ms, p.z) for p in growing],
             )
     return text
 
@@ -146,7 +162,11 @@ def flame_figures(con, where, out_dir):
 
     paths = []
     for run_id, group, slow, normal, profile in _busy_groups(con, where):
-        nodes = {p[0]: (p[1], p[2], p[3], p[4], p[9]) for p in profile if p[3] > 0}
+        nodes = {
+            p.node: (p.parent, p.level, p.slow_samples, p.frame, p.growth)
+            for p in profile
+            if p.slow_samples > 0
+        }
         # a parent the slow steps never reached (only normal steps ran it) is no box
         nodes = {k: v if v[0] in nodes else (None, *v[1:]) for k, v in nodes.items()}
         if not nodes:
