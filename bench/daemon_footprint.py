@@ -41,6 +41,8 @@ import textwrap
 import time
 from pathlib import Path
 
+from trees import tree_env
+
 HZ = os.sysconf("SC_CLK_TCK")
 # Run by path, so that an older checkout's Python can run it too.
 FLOOD_SCRIPT = str(Path(__file__).resolve().parent.parent / "daemon/stallscope/testing/flood.py")
@@ -117,9 +119,10 @@ class Daemon:
         cmd = [str(py), "-m", "stallscope.cli", "daemon", "--socket", self.sock, "--db", self.db]
         cmd += ["--gpu-backend", "none", *args]
         self.logf = open(self.log, "w")
-        # The tree's own code first (a tree that shares another's .venv, whose
-        # editable install points at that other checkout, still runs its own).
-        env = dict(os.environ, PYTHONPATH=f"{self.tree / 'daemon'}:{self.tree}")
+        # The tree's own code and views (bench/trees.py: a tree that shares
+        # another's .venv, whose editable install points at that other
+        # checkout, still runs its own).
+        env = tree_env(self.tree)
         self.proc = subprocess.Popen(cmd, stdout=self.logf, stderr=self.logf, cwd=self.tmp, env=env)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:

@@ -30,6 +30,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from trees import tree_env
+
 MAKE_DB = """
 import sys, duckdb
 from stallscope.store.database import apply_schema
@@ -44,13 +46,6 @@ if sys.argv[2] == "tiny":
     )
 con.close()
 """
-
-
-def tree_env(path):
-    path = os.path.abspath(path)
-    env = dict(os.environ)
-    env["PYTHONPATH"] = f"{path}/daemon:{path}"
-    return env
 
 
 def prepare(tree, name, source, folder):

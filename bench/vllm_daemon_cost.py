@@ -12,7 +12,7 @@ worker (vLLM's shared-memory queue spins with sched_yield), so a runnable
 daemon thread, idle priority or not, gets it then: what the engine pays
 for the daemon's own work.
 
-`--tree DIR` (repeatable) runs the demo with DIR's daemon (by PYTHONPATH),
+`--tree DIR` (repeatable) runs the demo with DIR's daemon (bench/trees.py),
 the trees alternating, `--rounds` each. Needs root and the vllm extra
 (`STALLSCOPE_VLLM=1 make bootstrap`). Never asserts.
 
@@ -29,6 +29,8 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+
+from trees import tree_env
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -71,9 +73,7 @@ def thread_cpu(pid):
 def one_run(tree, duration):
     tmp = Path(tempfile.mkdtemp(prefix="stallscope-vllm-cost-"))
     db = tmp / "demo.duckdb"
-    env = dict(os.environ)
-    if tree is not None:
-        env["PYTHONPATH"] = f"{tree}/daemon:{tree}"
+    env = dict(os.environ) if tree is None else tree_env(tree)  # its code and views
     cmd = [str(ROOT / ".venv" / "bin" / "stallscope"), "demo", "--engine", "vllm",
            "--duration", str(duration), "--db", str(db)]  # fmt: skip
     demo = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
