@@ -199,6 +199,18 @@ def load_views(con, queries_dir):
             os.environ["STALLSCOPE_QUERIES"] = old
 
 
+def build(con, scale, groups=False):
+    """`con` with the schema, make_tables(scale)'s rows and this checkout's
+    views (report_time.py builds its synthetic database file with it too)."""
+    apply_schema(con)
+    for name, tbl in make_tables(scale, groups=groups).items():
+        con.register("_t", tbl)
+        con.execute(f'INSERT INTO "{name}" BY NAME SELECT * FROM _t')
+        con.unregister("_t")
+    load_views(con, None)
+    return con
+
+
 def timed(con, sql=QUERY, params=None):
     w0, c0 = time.perf_counter(), time.process_time()
     row = con.execute(sql, params or []).fetchone()
@@ -262,14 +274,11 @@ def main():
     )
     print("|---|---|---|---|---|---|---|---|---|")
     for scale in [float(s) for s in args.scales.split(",")]:
-        tables = make_tables(scale, groups=args.groups)
-        con = duckdb.connect()
-        apply_schema(con)
-        for name, tbl in tables.items():
-            con.register("_t", tbl)
-            con.execute(f'INSERT INTO "{name}" BY NAME SELECT * FROM _t')
-            con.unregister("_t")
-        load_views(con, None)
+        con = build(duckdb.connect(), scale, groups=args.groups)
+        sizes = {
+            t: con.execute(f"SELECT count(*) FROM {t}").fetchone()[0]
+            for t in ("spans", "offcpu", "gc_events")
+        }
         if not args.no_fill:
             (bw, bc, bn, bk), (iw, ic, i_n, ik) = fill(con)
             print(
@@ -298,8 +307,8 @@ def main():
             walls = [w for w, _ in results[v]]
             cpus = [c for _, c in results[v]]
             print(
-                f"| {v} | {scale} | {tables['spans'].num_rows // 2:,} | {tables['offcpu'].num_rows:,} | "
-                f"{tables['gc_events'].num_rows:,} | {statistics.median(walls):.2f} | "
+                f"| {v} | {scale} | {sizes['spans'] // 2:,} | {sizes['offcpu']:,} | "
+                f"{sizes['gc_events']:,} | {statistics.median(walls):.2f} | "
                 f"{statistics.median(cpus):.2f} | {', '.join(f'{x:.2f}' for x in walls)} | "
                 f"{rows[v][1]:,} |",
                 flush=True,

@@ -85,13 +85,7 @@ def synthetic_db(scale, folder):
     import attribution_scale as synth
 
     path = Path(folder) / f"scale{scale:g}.duckdb"
-    con = duckdb.connect(str(path))
-    synth.apply_schema(con)
-    for name, tbl in synth.make_tables(scale).items():
-        con.register("_t", tbl)
-        con.execute(f'INSERT INTO "{name}" BY NAME SELECT * FROM _t')
-        con.unregister("_t")
-    synth.load_views(con, None)
+    con = synth.build(duckdb.connect(str(path)), scale)
     synth.fill(con)
     con.close()
     return str(path)

@@ -12,10 +12,10 @@ import os
 from pathlib import Path
 
 
-def tree_env(tree, base=None):
-    """os.environ (or `base`) with `tree`'s code and views."""
+def tree_env(tree):
+    """os.environ with `tree`'s code and views."""
     tree = Path(tree).resolve()
-    env = dict(os.environ if base is None else base)
+    env = dict(os.environ)
     env["PYTHONPATH"] = f"{tree / 'daemon'}:{tree}"
     env["STALLSCOPE_QUERIES"] = str(tree / "queries")
     return env
