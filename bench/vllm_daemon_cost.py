@@ -7,10 +7,12 @@ it runs. Afterwards, from the demo's database: the engine core's steps
 (count and window) and, per daemon thread, how often and for how long it
 was the task that took the engine core's CPU while the core was still
 runnable (offcpu rows with `preempted`, preemptor_pid = the daemon) inside
-that window. On 2 vCPUs the core yields its CPU while it waits for the
-worker (vLLM's shared-memory queue spins with sched_yield), so a runnable
-daemon thread, idle priority or not, gets it then: what the engine pays
-for the daemon's own work.
+that window, split by `offcpu.yielded`: on 2 vCPUs the core gives its CPU
+away while it waits for the worker (vLLM's shared-memory queue spins with
+sched_yield), and a runnable daemon thread, idle priority or not, gets it
+then. Those are yields (`yields_by_daemon`), not preemptions (`by_daemon`);
+a tree whose database has no `yielded` column counts them all as
+preemptions, as it did.
 
 `--tree DIR` (repeatable) runs the demo with DIR's daemon (bench/trees.py),
 the trees alternating, `--rounds` each. Needs root and the vllm extra
@@ -112,18 +114,26 @@ def one_run(tree, duration):
     if core is None or not found:
         return out
     pid, steps, lo, hi = core
+    columns = {d[0] for d in con.execute("SELECT * FROM offcpu LIMIT 0").description}
+    yielded = "coalesce(yielded, false)" if "yielded" in columns else "false"
     rows = con.execute(
-        "SELECT preemptor_comm, count(*), sum(end_ns - start_ns) FROM offcpu WHERE pid = ? "
-        "AND preempted AND preemptor_pid = ? AND start_ns BETWEEN ? AND ? "
-        "GROUP BY ALL ORDER BY 3 DESC",
+        f"SELECT preemptor_comm, {yielded} AS y, count(*), sum(end_ns - start_ns) FROM offcpu "
+        "WHERE pid = ? AND preempted AND preemptor_pid = ? AND start_ns BETWEEN ? AND ? "
+        "GROUP BY ALL ORDER BY 4 DESC",
         [pid, found[0], lo, hi],
     ).fetchall()
+    pre = [(c, n, ns) for c, y, n, ns in rows if not y]
+    yields = [(c, n, ns) for c, y, n, ns in rows if y]
     out.update({
         "core_steps": steps,
         "core_window_s": round((hi - lo) / 1e9, 2),
-        "by_daemon": sum(n for _, n, _ in rows),
-        "by_daemon_ms": round(sum(ns for _, _, ns in rows) / 1e6, 1),
-        "by_thread": {c: [n, round(ns / 1e6, 1)] for c, n, ns in rows},
+        "by_daemon": sum(n for _, n, _ in pre),
+        "by_daemon_ms": round(sum(ns for _, _, ns in pre) / 1e6, 1),
+        "by_thread": {c: [n, round(ns / 1e6, 1)] for c, n, ns in pre},
+        "yields_known": "yielded" in columns,
+        "yields_by_daemon": sum(n for _, n, _ in yields),
+        "yields_by_daemon_ms": round(sum(ns for _, _, ns in yields) / 1e6, 1),
+        "yields_by_thread": {c: [n, round(ns / 1e6, 1)] for c, n, ns in yields},
     })  # fmt: skip
     return out
 
@@ -146,6 +156,7 @@ def main():
             print(f"{name} {json.dumps(r)}", flush=True)
     for name, runs in results.items():
         keys = ("core_steps", "core_window_s", "by_daemon", "by_daemon_ms")
+        keys += ("yields_by_daemon", "yields_by_daemon_ms")
         med = {k: statistics.median(r.get(k, 0) for r in runs) for k in keys}
         reader = [r["daemon_cpu_s"].get("stallscope/cpu-", 0.0) for r in runs]
         total = [round(sum(r["daemon_cpu_s"].values()), 2) for r in runs]

@@ -7,7 +7,9 @@
 -- length of the intersection with the step.
 
 -- Off-CPU intervals with who ended them and the wait's class, one row per
--- exact offcpu row. cls: 'preemption' (involuntary switch-out), 'throttled'
+-- exact offcpu row. cls: 'yield' (switched out inside sched_yield(): the
+-- thread gave its CPU away itself, so what ran instead is no preemptor; its
+-- time is run-queue wait), 'preemption' (involuntary switch-out), 'throttled'
 -- (involuntary, and the CPU then ran the idle task: nothing else wanted it,
 -- so the thread was held off by a CPU quota), 'lock' (woken by another
 -- thread of the same process), 'peer' (woken by a thread of another traced
@@ -68,6 +70,7 @@ SELECT o.pid, o.tid, o.start_ns, o.end_ns, o.preempted,
     CASE WHEN o.preempted THEN o.preemptor_comm ELSE coalesce(o.waker_comm, e.waker_comm) END AS who_comm,
     t.run_id AS who_run_id,
     CASE
+        WHEN o.preempted AND coalesce(o.yielded, false) THEN 'yield'
         WHEN o.preempted AND o.preemptor_pid = 0 THEN 'throttled'
         WHEN o.preempted THEN 'preemption'
         WHEN coalesce(o.waker_pid, e.waker_pid) = o.pid
@@ -286,7 +289,8 @@ WITH o AS MATERIALIZED (
            sum(CASE WHEN preempted THEN overlap_ns
                     ELSE (CASE WHEN wake_ns IS NULL THEN b_ns ELSE least(b_ns, greatest(a_ns, wake_ns)) END) - a_ns
                END) AS ns
-    FROM o WHERE src = 1 AND (who_pid IS NOT NULL OR who_tid IS NOT NULL OR label IS NOT NULL)
+    FROM o WHERE src = 1 AND cls IS DISTINCT FROM 'yield'  -- a yield names no preemptor
+          AND (who_pid IS NOT NULL OR who_tid IS NOT NULL OR label IS NOT NULL)
     GROUP BY ALL
 ), who AS (     -- the task that held the CPU for most of the preempted time, the thread
                 -- the step waited on for most of its sleep
@@ -319,7 +323,9 @@ WITH o AS MATERIALIZED (
         coalesce(sum(sleep_net_ns) FILTER (cls = 'peer'), 0)::BIGINT AS peer_ns,
         coalesce(sum(sleep_net_ns) FILTER (cls = 'blocked' AND wake_ns IS NOT NULL), 0)::BIGINT AS blocked_woken_ns,
         coalesce(sum(sleep_net_ns) FILTER (cls = 'blocked' AND wake_ns IS NULL), 0)::BIGINT AS blocked_unsplit_ns,
-        coalesce(sum(rq_net_ns), 0)::BIGINT AS runqueue_woken_ns,
+        -- waiting for a CPU: after a wake-up, or after a sched_yield()
+        (coalesce(sum(rq_net_ns), 0) + coalesce(sum(pre_net_ns) FILTER (cls = 'yield'), 0))::BIGINT
+            AS runqueue_woken_ns,
         -- page faults (summary rows pro-rated by their overlap), IRQ time net of GC
         round(sum(n * frac) FILTER (src = 5))::BIGINT AS page_faults,
         round(sum(v_ns * frac) FILTER (src = 5))::BIGINT AS page_fault_raw_ns,

@@ -30,9 +30,10 @@
 --                 or inside the late peer span of its run group (o2 below)
 --     lock        asleep until another thread of the same process woke it
 --                 (a timed-out wait chained to such a wake-up too)
---     runqueue    runnable after a wake-up, waiting for a CPU (runq_ns)
+--     runqueue    runnable after a wake-up, or after giving the CPU away in
+--                 sched_yield() (offcpu.yielded), waiting for a CPU (runq_ns)
 --     throttled   preempted while the CPU then ran nothing (a CPU quota)
---     preemption  preempted (involuntary switch-out) otherwise (preempted_ns)
+--     preemption  preempted (involuntary switch-out, not a yield) otherwise (preempted_ns)
 --     blocked     asleep for any other reason: timer, I/O, device, an
 --                 untraced process, or an unknown waker (blocked_ns)
 --     on CPU (each capped by what the ones before left of the step's time

@@ -106,21 +106,40 @@ def test_alert_says_gc_and_off_cpu_inside_the_step():
 
 
 def test_cause_names_the_largest_disjoint_part():
-    def parts(gc, off, pre=True):
+    def parts(gc, off, pre=True, yielded=False):
         gc_a, gc_b = (np.array([g[0] for g in gc]), np.array([g[1] for g in gc]))
         off_a, off_b = (np.array([o[0] for o in off]), np.array([o[1] for o in off]))
-        w = np.array([[1.0, 1.0 if pre else 0.0, 0.0]] * len(off))
+        w = np.array([[1.0, 1.0 if pre else 0.0, 0.0, 1.0 if yielded else 0.0]] * len(off))
         return alert_parts(gc_a, gc_b, off_a, off_b, w)
 
     # a 6 ms wait, 5 ms of it under a GC pass on another thread: GC's time
     p = parts([(10, 15)], [(9, 15)], pre=False)
-    assert p == {"gc": 5.0, "preemption": 0.0, "blocked": 1.0}
+    assert p == {"gc": 5.0, "runqueue": 0.0, "preemption": 0.0, "blocked": 1.0}
     from stallscope.vocab.rules import name_cause
 
     assert name_cause(8, p) == "gc"
     assert name_cause(10, parts([], [(0, 6)])) == "preemption"
+    # the thread gave its CPU away in sched_yield(): waiting for a CPU, as in
+    # step_attribution, not preempted
+    p = parts([], [(0, 6)], yielded=True)
+    assert p == {"gc": 0.0, "runqueue": 6.0, "preemption": 0.0, "blocked": 0.0}
+    assert name_cause(10, p) == "runqueue"
     assert name_cause(10, parts([], [(0, 6)], pre=False)) == "blocked"
     assert name_cause(10, parts([], [(0, 4)], pre=False)) == "unexplained"  # under half
+
+
+def test_a_yield_is_weighed_apart_from_a_preemption():
+    from stallscope.vocab.offcpu import offcpu_weights
+
+    base = {"start_ns": [0, 0, 0, 0], "end_ns": [5, 5, 5, 5]}
+    pre = pa.array([True, True, False, None], pa.bool_())
+    w = offcpu_weights(
+        pa.table({**base, "preempted": pre, "yielded": pa.array([True, False, None, True])})
+    )
+    assert w[:, 1].tolist() == [1.0, 1.0, 0.0, 0.0]
+    assert w[:, 3].tolist() == [1.0, 0.0, 0.0, 0.0]  # only a preempted row can be a yield
+    # a backend that cannot tell (no column): no yields
+    assert offcpu_weights(pa.table({**base, "preempted": pre}))[:, 3].tolist() == [0.0] * 4
 
 
 def test_idle_steps_are_never_slow_nor_in_the_baseline():

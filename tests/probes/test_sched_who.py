@@ -2,17 +2,21 @@
 
 Real eBPF: a thread blocked on a pipe that a named sibling thread writes to
 must name that sibling as its waker; a thread spinning on a CPU where a named
-SCHED_FIFO process wakes up must name that process as its preemptor.
+SCHED_FIFO process wakes up must name that process as its preemptor; a
+thread that gives its CPU away in sched_yield() is told from one preempted
+while it computes (`yielded`).
 """
 
 import os
+import subprocess
+import sys
 import threading
 
 import numpy as np
 import pytest
 
 from helpers.privileged import require_privileged
-from helpers.sched import CollectSink, Workload, spawn_fifo, window
+from helpers.sched import CollectSink, Workload, spawn_fifo, spawn_hog, window
 from stallscope.probes.bpf_common import decode_comm
 from stallscope.probes.sched_bcc import BccSchedProbe
 from stallscope.probes.sched_resolve import TgidResolver
@@ -138,6 +142,88 @@ def test_preemptor_is_the_fifo_process(probe, work):
     # each burst spins 2 ms; only the first preemption may be shorter: the
     # "go" line wakes stall-fifo, which runs ~0.1 ms up to its first sleep
     assert all(r["prev_run_ns"] >= 500_000 for r in after[1:]), [r["prev_run_ns"] for r in after]
+
+
+# Pinned to one CPU beside a hog: rounds of ~20 ms of computing (the hog
+# preempts it at ticks) then 30 sched_yield() calls (each hands the CPU to
+# the hog), each phase's monotonic bounds printed as "spin|yield T0 T1".
+YIELDER = """
+import os, sys, time
+os.sched_setaffinity(0, {CPU})
+sys.stdin.readline()
+for _ in range(ROUNDS):
+    t0 = time.monotonic_ns()
+    while time.monotonic_ns() - t0 < 20_000_000:
+        pass
+    t1 = time.monotonic_ns()
+    for _ in range(30):
+        os.sched_yield()
+    t2 = time.monotonic_ns()
+    print("spin", t0, t1)
+    print("yield", t1, t2)
+print("done", flush=True)
+"""
+
+
+def test_a_yield_is_told_from_a_preemption(probe):
+    assert probe.yields_known, f"sched_yield's number unknown on {os.uname().machine}"
+    code = YIELDER.replace("CPU", "1").replace("ROUNDS", "15")
+    hog = spawn_hog(1)
+    y = subprocess.Popen(
+        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        probe.track(y.pid)
+        y.stdin.write("go\n")
+        y.stdin.flush()
+        out, _ = y.communicate(timeout=60)
+        probe.drain()
+    finally:
+        probe.untrack(y.pid)
+        hog.kill()
+        hog.wait()
+    assert out.splitlines()[-1] == "done"
+    phases = [(kind, int(a), int(b)) for kind, a, b in (ln.split() for ln in out.splitlines()[:-1])]
+    mine = [r for r in rows(probe.sink, y.pid) if r["preempted"]]
+
+    def phase(ns):
+        return next((k for k, a, b in phases if a <= ns < b), None)
+
+    yields = [r for r in mine if phase(r["start_ns"]) == "yield"]
+    spins = [r for r in mine if phase(r["start_ns"]) == "spin"]
+    # 15 rounds x 30 yields, each with a runnable hog on the CPU: most
+    # switch out (the hog may still be running out its own slice)
+    assert len(yields) >= 100, (len(yields), len(spins))
+    # 15 x 20 ms of computing beside an equal hog: preempted at ticks
+    assert len(spins) >= 15, (len(yields), len(spins))
+    assert all(r["yielded"] is True for r in yields), [r["yielded"] for r in yields]
+    assert all(r["yielded"] is False for r in spins), [r["yielded"] for r in spins]
+    # the task that ran meanwhile is still recorded (the hog, mostly)
+    assert sum(r["preemptor_tid"] == hog.pid for r in yields) >= 0.5 * len(yields)
+
+
+def test_a_kernel_that_refuses_the_yield_read_still_gets_the_probe(monkeypatch):
+    """Where the yield's read does not load (a kernel before 5.15 has no
+    bpf_task_pt_regs), the probe loads without it: yielded stays NULL."""
+    from stallscope.probes import sched_bcc
+
+    monkeypatch.setattr(sched_bcc, "yield_cflags", lambda: ["-DYIELD_NR=no_such_symbol"])
+    p = BccSchedProbe()
+    sink = CollectSink()
+    p.start(sink)
+    try:
+        assert p.yields_known is False and p.status()["yields_known"] is False
+        w = Workload()
+        p.track(w.pid)
+        w.start_thread()
+        window(w, "spin 20", p.drain)
+        p.untrack(w.pid)
+        w.close()
+        p.drain()
+    finally:
+        p.stop()
+    batches = sink.batches.get("offcpu", [])
+    assert batches and all("yielded" not in b for b in batches)
 
 
 def test_resolver_reads_tgid_from_proc(tmp_path):

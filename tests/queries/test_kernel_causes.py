@@ -205,6 +205,40 @@ def test_preemptor_is_the_task_with_the_most_time_not_the_longest_interval():
     assert (r["preemptor_pid"], r["preemptor_comm"]) == (7, "kworker")
 
 
+@pytest.mark.parametrize("yielded", [True, False, None])
+def test_a_yield_is_run_queue_wait_with_no_preemptor(yielded):
+    """A spinning waiter that gives its CPU away in sched_yield() was not
+    preempted by what ran meanwhile (a daemon thread, on vLLM's engine core):
+    its interval is run-queue wait and names no preemptor. A real preemption,
+    and a yield the probe could not tell (NULL), stay `preemption`."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from db import add_run, add_steps, new_db, normal_steps
+
+    con = new_db()
+    add_run(con, 1, 100)
+    add_steps(con, 1, 11, normal_steps(0, 9) + [(1000, 1015)])
+    for s, e in ((1001, 1003), (1004, 1006.5)):
+        con.execute(
+            "INSERT INTO offcpu (pid, tid, start_ns, end_ns, preempted, yielded, cpu, "
+            "preemptor_pid, preemptor_tid, preemptor_comm) "
+            "VALUES (100, 11, ?, ?, true, ?, 0, 300, 301, 'stallscope/stor')",
+            [int(s * MS), int(e * MS), yielded],
+        )
+    con.execute(  # the run-queue rows the sched probe writes for the same waits
+        "INSERT INTO runq (pid, tid, start_ns, end_ns, cpu) VALUES "
+        f"(100, 11, {1001 * MS}, {1003 * MS}, 0), (100, 11, {1004 * MS}, {int(1006.5 * MS)}, 0)"
+    )
+    (r,) = rows(con, "slow")
+    if yielded:
+        assert (r["cause"], r["runq_ns"], r["preempted_ns"]) == ("runqueue", int(4.5 * MS), 0)
+        assert r["preemptor_pid"] is None and r["preemptor_comm"] is None
+    else:
+        assert (r["cause"], r["runq_ns"], r["preempted_ns"]) == ("preemption", 0, int(4.5 * MS))
+        assert (r["preemptor_pid"], r["preemptor_comm"]) == (300, "stallscope/stor")
+
+
 def test_a_lock_chain_runs_through_unknown_wakers_and_preemptions():
     """A GIL wait as the kernel probe saw it on a loaded host: a timed-out
     wait, a wait whose waker it could not name, a preemption, then the

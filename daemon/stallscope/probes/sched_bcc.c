@@ -49,6 +49,7 @@ struct tstate {
     u16 cpu;
     u8 preempted;
     u8 other_irq;    // woken from interrupt context
+    u8 yielded;      // the preempted switch-out was inside sched_yield()
     // switch-outs seen, for user space to compare with the kernel's own
     // nvcsw/nivcsw (/proc status): a tracepoint run the kernel drops
     // without counting it as a BPF miss shows up as a difference
@@ -117,6 +118,31 @@ static __always_inline struct summary *summary_of(u32 tid)
         return NULL;
     u32 index = *slot;
     return summaries.lookup(&index);
+}
+
+// Whether the switch-out now happening is inside sched_yield(): the kernel
+// reports a yield exactly as a preemption (still runnable, counted in
+// nivcsw), but the thread gave its CPU away itself, as a spinning waiter
+// does (vLLM's shared-memory queue). Told by the system call the task is in:
+// its saved user registers (bpf_task_pt_regs, the kernel's own helper, not a
+// task_struct field) hold the call's number in orig_ax (-1 when it entered
+// the kernel by an interrupt, the usual preemption). Only for preempted
+// switch-outs of tracked threads; YIELD_NR (the architecture's
+// __NR_sched_yield) comes from user space, which leaves it out where it
+// does not know the layout (offcpu.yielded is then NULL). Not the kernel
+// stack (bpf_get_stack: ~1.8 us a switch-out here) nor a syscall tracepoint
+// (enabling one sends every syscall on the host through the slow path).
+static __always_inline u8 in_yield(void)
+{
+#ifdef YIELD_NR
+    struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
+    long nr = -1;
+    if (!regs || bpf_probe_read_kernel(&nr, sizeof(nr), &regs->orig_ax))
+        return 0;
+    return nr == YIELD_NR;
+#else
+    return 0;
+#endif
 }
 
 // A thread of a tracked process became runnable: start its run-queue wait.
@@ -226,6 +252,7 @@ TRACEPOINT_PROBE(sched, sched_switch)
             s->off_ns = now;
             s->cpu = cpu;
             s->preempted = preempted;
+            s->yielded = preempted ? in_yield() : 0;
             s->pid = prev_tgid;
             s->rq_ns = preempted ? now : 0;
             s->other_irq = 0;
@@ -297,6 +324,7 @@ TRACEPOINT_PROBE(sched, sched_switch)
     r.cpu_b = cpu;
     r.kind = KIND_SWITCH_IN;
     r.preempted = n->preempted;
+    r.yielded = n->yielded;
     r.other_irq = n->other_irq;
     r.other_tid = n->other_tid;
     r.other_pid = n->other_pid;

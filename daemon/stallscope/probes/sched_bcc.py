@@ -12,7 +12,11 @@ thread every `sched_poll_ms` as a numpy structured array, so the cost per
 event in user space is a vector slice, not a Python callback. Timestamps are
 `bpf_ktime_get_ns()`, i.e. CLOCK_MONOTONIC, the clock of `time.monotonic_ns()`.
 It must never read a `task_struct` field (headers may not match the running
-kernel) and never call into Python per event.
+kernel) and never call into Python per event. A preempted switch-out inside
+`sched_yield()` (the thread gave its CPU away itself) is told from a real
+preemption by the system call the thread is in (its saved registers) and
+written as `offcpu.yielded` (NULL on an architecture this module does not
+know, or a kernel without `bpf_task_pt_regs`, before Linux 5.15).
 """
 
 import logging
@@ -51,7 +55,7 @@ _KINDS = bpf_common.header_defines("sched_bcc.h", "KIND_")
 KIND_SWITCH_IN = _KINDS["KIND_SWITCH_IN"]
 KIND_MIGRATE = _KINDS["KIND_MIGRATE"]
 RECORD_FIELDS = (
-    "a_ns", "b_ns", "c_ns", "pid", "tid", "cpu_a", "cpu_b", "kind", "preempted",
+    "a_ns", "b_ns", "c_ns", "pid", "tid", "cpu_a", "cpu_b", "kind", "preempted", "yielded",
     "other_irq", "other_tid", "other_pid", "other_comm", "prev_pid", "prev_run_ns", "prev_comm",
 )  # fmt: skip
 LOSS_REASONS = {
@@ -64,6 +68,18 @@ LOSS_REASONS = {
     "recursion_misses": "tracepoint runs skipped by the kernel while another BPF "
     "program ran on the CPU: events of unknown kind lost",
 }
+
+
+# __NR_sched_yield by architecture, for the programs that read the system
+# call a thread is in from its saved registers (pt_regs.orig_ax: x86-64's
+# layout only). Elsewhere offcpu.yielded is NULL.
+YIELD_NR = {"x86_64": 24}
+
+
+def yield_cflags():
+    """The -D flag naming sched_yield's number ([]: not known here)."""
+    nr = YIELD_NR.get(os.uname().machine)
+    return [] if nr is None else [f"-DYIELD_NR={nr}"]
 
 
 def _has_bpf_privileges():
@@ -122,6 +138,7 @@ class BccSchedProbe(Probe):
         self.exact_all = bool(self.settings.sched_detail)
         self.summary = None  # ThreadSummaries while loaded, unless sched_detail
         self._step_threads = {}  # pid -> tids that emitted spans (kept across a reload)
+        self.yields_known = False  # offcpu.yielded written (yield_cflags found the syscall)
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -137,7 +154,18 @@ class BccSchedProbe(Probe):
             f"-DMAX_TGIDS={self.max_tgids}",
             f"-DRINGBUF_PAGES={pages}",
         ]
-        self._bpf = bpf_common.compile_program("sched_bcc.c", cflags)
+        yields = yield_cflags()
+        try:
+            self._bpf = bpf_common.compile_program("sched_bcc.c", cflags + yields)
+        except Exception as exc:
+            if not yields:
+                raise
+            # bpf_task_pt_regs or the BTF task pointer refused (a kernel
+            # before 5.15): the probe runs without telling yields apart
+            log.warning("sched probe: yields not told from preemptions (%s); offcpu.yielded NULL", exc)
+            yields = []
+            self._bpf = bpf_common.compile_program("sched_bcc.c", cflags)
+        self.yields_known = bool(yields)
         try:
             record = bpf_common.map_value_dtype(self._bpf, "layout_record")
             bpf_common.require_fields(record, RECORD_FIELDS, "sched_bcc.h struct record")
@@ -357,6 +385,8 @@ class BccSchedProbe(Probe):
                         "start_ns": off["a_ns"].astype(np.int64),
                         "end_ns": off["c_ns"].astype(np.int64),
                         "preempted": off["preempted"].astype(bool),
+                        # absent (NULL) where the yield's address is unknown
+                        **({"yielded": off["yielded"].astype(bool)} if self.yields_known else {}),
                         "cpu": off["cpu_a"].astype(np.int16),
                         **who_columns(off, self._resolver),
                     },
@@ -495,6 +525,7 @@ class BccSchedProbe(Probe):
         return {
             "backend": self.backend,
             "resolution_ns": 0,  # event-exact
+            "yields_known": self.yields_known,
             "tracked": sorted(self._tracked),
             "records": self._records,
             "rows": dict(self._rows),

@@ -12,8 +12,8 @@ known at that moment: GC time inside the step (passes of the same run
 already received) and off-CPU time of the step's thread (the scheduling
 probe's intervals already received), and a cause from the same vocabulary
 and the same rule as the view (the largest disjoint component, GC first,
-then preempted and blocked time less what GC overlaps, if it holds at least
-CAUSE_MIN_SHARE of the excess). The finer causes (lock, peer, runqueue,
+then run-queue wait after a sched_yield(), preempted and blocked time less
+what GC overlaps, if it holds at least CAUSE_MIN_SHARE of the excess). The finer causes (lock, peer, runqueue,
 irq, ...) need the kernel-cause tables: step_attribution gives them later.
 An alert that nothing explains yet waits up to HOLD_UNEXPLAINED_S for late
 kernel events. It reads from its own bounded subscriber queue on its own
@@ -144,12 +144,14 @@ class Baselines:
 
 
 def alert_parts(gc_a, gc_b, off_a, off_b, weights):
-    """Disjoint parts of a step, ns: {'gc', 'preemption', 'blocked'} from its
-    clipped GC intervals and off-CPU intervals (weights: off-CPU fraction,
-    preempted fraction); off-CPU time under a GC pass is GC's."""
+    """Disjoint parts of a step, ns: {'gc', 'runqueue', 'preemption',
+    'blocked'} from its clipped GC intervals and off-CPU intervals (weights:
+    vocab.offcpu.offcpu_weights); off-CPU time under a GC pass is GC's. A
+    yield (the thread gave its CPU away) is run-queue wait, not preemption,
+    as in step_attribution."""
     gc_ns = float((gc_b - gc_a).sum()) if gc_a is not None else 0.0
     if off_a is None or not len(off_a):
-        return {"gc": gc_ns, "preemption": 0.0, "blocked": 0.0}
+        return {"gc": gc_ns, "runqueue": 0.0, "preemption": 0.0, "blocked": 0.0}
     length = (off_b - off_a).astype(float)
     if gc_a is not None and len(gc_a):
         under_gc = np.clip(
@@ -160,7 +162,8 @@ def alert_parts(gc_a, gc_b, off_a, off_b, weights):
         length = length - under_gc
     off = float((length * weights[:, 0]).sum())
     pre = float((length * weights[:, 1]).sum())
-    return {"gc": gc_ns, "preemption": pre, "blocked": off - pre}
+    yielded = float((length * weights[:, 3]).sum()) if weights.shape[1] > 3 else 0.0
+    return {"gc": gc_ns, "runqueue": yielded, "preemption": pre - yielded, "blocked": off - pre}
 
 
 class StallDetector:
@@ -325,7 +328,7 @@ class StallDetector:
         if off_a is not None and len(off_a):
             inter = off_b - off_a
             off_ns = int((inter * w[:, 0]).sum())
-            pre_ns = int((inter * w[:, 1]).sum())
+            pre_ns = int((inter * (w[:, 1] - w[:, 3])).sum())  # a yield is no preemption
             sampled = bool(w[:, 2].any())
         parts = alert_parts(gc_a, gc_b, off_a, off_b, w)
         return {

@@ -18,6 +18,13 @@ ALTER TABLE offcpu ADD COLUMN IF NOT EXISTS waker_tid INTEGER;       -- the waki
 ALTER TABLE offcpu ADD COLUMN IF NOT EXISTS waker_comm VARCHAR;      -- its comm
 ALTER TABLE offcpu ADD COLUMN IF NOT EXISTS waker_irq BOOLEAN;       -- woken from interrupt/timer context
 ALTER TABLE offcpu ADD COLUMN IF NOT EXISTS wakeup_ns BIGINT;        -- when it was woken (blocked part ends, run-queue wait begins)
+-- A preempted interval that began inside sched_yield(): the thread gave its
+-- CPU away itself (a spinning waiter), so the task switched in did not
+-- preempt it; the views count the interval as run-queue wait, never as
+-- `preemption`. `preempted` stays true, as the kernel counts it (nivcsw).
+-- NULL: not known (the perf and /proc backends, an architecture other than
+-- x86-64, a kernel before 5.15).
+ALTER TABLE offcpu ADD COLUMN IF NOT EXISTS yielded BOOLEAN;
 
 -- System calls of tracked threads (an expensive probe: only in a diagnosis
 -- window or with `daemon --deep`). A call of at least the probe's threshold
