@@ -162,7 +162,9 @@ class BccSchedProbe(Probe):
                 raise
             # bpf_task_pt_regs or the BTF task pointer refused (a kernel
             # before 5.15): the probe runs without telling yields apart
-            log.warning("sched probe: yields not told from preemptions (%s); offcpu.yielded NULL", exc)
+            log.warning(
+                "sched probe: yields not told from preemptions (%s); offcpu.yielded NULL", exc
+            )
             yields = []
             self._bpf = bpf_common.compile_program("sched_bcc.c", cflags)
         self.yields_known = bool(yields)
