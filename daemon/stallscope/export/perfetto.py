@@ -16,7 +16,7 @@ writes Perfetto's protobuf trace format (the TracePacket protos that the
   root frame first; Python frames `function` at `file:line`, the native leaf
   `function [module]`), args kernel_mode and cpu;
 - child tracks of each thread: `gc` (passes: generation, collected),
-  `off-cpu` (preempted/blocked, with preemptor or waker), `runqueue`
+  `off-cpu` (preempted/yielded/blocked, with preemptor or waker), `runqueue`
   (waits for a CPU) and `migrations` (instants, from and to CPU);
 - a `requests (run N)` track per run with a child track per request (at
   most MAX_REQUEST_TRACKS, the longest inter-token gap first): a slice from
@@ -241,8 +241,8 @@ def _write_run(source, w, run, lo, hi, counts):
         window = [pid, max(lo, begin), min(hi, end)]
         kernel["offcpu"] = _rows(
             source,
-            "SELECT tid, start_ns, end_ns, preempted, cpu, preemptor_pid, preemptor_comm, "
-            "waker_tid, waker_comm, waker_irq FROM offcpu WHERE pid = ? AND resolution_ns IS NULL "
+            # every column: `yielded` is absent from databases written before it
+            "SELECT * FROM offcpu WHERE pid = ? AND resolution_ns IS NULL "
             "AND end_ns >= ? AND start_ns <= ? AND end_ns >= start_ns",
             window,
         )
@@ -443,9 +443,11 @@ def _write_thread(w, run, tid, span_rows, gc_rows, kernel, counts, step_flows=No
     off = []
     for r in (r for r in kernel["offcpu"] if r["tid"] == tid):
         if r["preempted"]:
+            # the task switched in: a preemptor, or what the thread yielded to
             args = [("cpu", r["cpu"]), ("preemptor_pid", r["preemptor_pid"])]
             args.append(("preemptor_comm", r["preemptor_comm"]))
-            off.append((r["start_ns"], r["end_ns"], "preempted", args))
+            name = "yielded" if r.get("yielded") else "preempted"
+            off.append((r["start_ns"], r["end_ns"], name, args))
         else:
             args = [("cpu", r["cpu"]), ("waker_tid", r["waker_tid"])]
             args += [("waker_comm", r["waker_comm"]), ("waker_irq", r["waker_irq"])]
