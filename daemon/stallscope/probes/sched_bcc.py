@@ -387,7 +387,7 @@ class BccSchedProbe(Probe):
                         "start_ns": off["a_ns"].astype(np.int64),
                         "end_ns": off["c_ns"].astype(np.int64),
                         "preempted": off["preempted"].astype(bool),
-                        # absent (NULL) where the yield's address is unknown
+                        # absent (NULL) where yields are not told apart
                         **({"yielded": off["yielded"].astype(bool)} if self.yields_known else {}),
                         "cpu": off["cpu_a"].astype(np.int16),
                         **who_columns(off, self._resolver),
