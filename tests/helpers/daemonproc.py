@@ -88,6 +88,10 @@ class DaemonProcess(DaemonChild):
             args += ["--no-kernel-causes"]
         if "--cpu-sampler" not in self.extra_args:
             args += ["--no-cpu-sampler"]
+        elif not any(a.startswith("--cpu-sample-clock") for a in self.extra_args):
+            # The clock the sampler's tests count samples by; "auto" (the
+            # default, host-dependent) has tests of its own (test_cpu_clock.py).
+            args += ["--cpu-sample-clock", "timer"]
         if "--cuda-driver" not in self.extra_args:
             args += ["--no-cuda-driver"]  # a bcc program to load: only where a test asks
         return args + self.extra_args

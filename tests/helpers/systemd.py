@@ -120,6 +120,13 @@ class ServiceProcess:
             ]
             # The CPU sampler (root only, ~3 s to load) only where a test asks for it.
             + ([] if "--cpu-sampler" in self.args else ["--no-cpu-sampler"])
+            # the sampler's tests count samples by the timer ("auto" picks by host)
+            + (
+                ["--cpu-sample-clock", "timer"]
+                if "--cpu-sampler" in self.args
+                and not any(a.startswith("--cpu-sample-clock") for a in self.args)
+                else []
+            )
             # likewise the CUDA driver probe (a bcc program to load)
             + ([] if "--cuda-driver" in self.args else ["--no-cuda-driver"])
             + self.args

@@ -214,11 +214,13 @@ class ProbeSettings:
         minimum=1,
     )
     cpu_sample_clock: str = _key(
-        "timer",
+        "auto",
         "CPU sampler: 'timer' (a cpu-clock perf event at cpu_sample_hz: an interrupt of its "
-        "own, a tenth of a torch engine's step at 1 kHz on a VM) or 'tick' (the scheduler's tick, "
-        "CONFIG_HZ: no interrupt of its own, a quarter of the samples at HZ 250)",
-        choices=("timer", "tick"),
+        "own, a tenth of a torch engine's step at 1 kHz on a VM), 'tick' (the scheduler's tick, "
+        "CONFIG_HZ: no interrupt of its own, a quarter of the samples at HZ 250), or 'auto' "
+        "(the timer's cost measured at start, ~0.3 s at idle priority: the tick where the "
+        "timer costs a busy thread over 2 % of its CPU)",
+        choices=("auto", "timer", "tick"),
     )
     cpu_max_depth: int = _key(
         64,

@@ -46,7 +46,7 @@ import numpy as np
 
 from probe_client import pyoffsets
 from stallscope import threads as daemon_threads
-from stallscope.probes import bpf_common, kernel_tick, perf_events
+from stallscope.probes import bpf_common, kernel_tick, perf_events, timer_cost
 from stallscope.probes.base import Probe
 from stallscope.probes.cpu_stacks import StackTable
 
@@ -167,19 +167,30 @@ class BccCpuProbe(Probe):
             return why
         if os.uname().machine != "x86_64":
             return f"the CPU sampler reads x86-64 registers and offsets, not {os.uname().machine}"
-        if settings is not None and settings.cpu_sample_clock == "tick":
+        clock = "timer" if settings is None else settings.cpu_sample_clock
+        if clock == "tick":
             return kernel_tick.tick_info(settings.proc_root)[1]
-        return perf_unavailable()
+        no_timer = perf_unavailable()
+        if clock == "auto" and no_timer:
+            no_tick = kernel_tick.tick_info(settings.proc_root)[1]
+            return f"{no_timer}; {no_tick}" if no_tick else None
+        return no_timer
 
     def __init__(self, settings=None):
         super().__init__(settings)
         s = self.settings
         self.hz = float(s.cpu_sample_hz)
         # "timer": a cpu-clock perf event at cpu_sample_hz; "tick": the
-        # scheduler's tick (kernel_tick.py), at CONFIG_HZ, known at start()
-        self.clock = s.cpu_sample_clock
-        if self.clock not in ("timer", "tick"):
-            raise ValueError(f"cpu_sample_clock must be 'timer' or 'tick', not {self.clock!r}")
+        # scheduler's tick (kernel_tick.py), at CONFIG_HZ, known at start();
+        # "auto": one of the two, by the timer's cost measured at start()
+        # (timer_cost.py)
+        self.clock_setting = self.clock = s.cpu_sample_clock
+        if self.clock not in ("auto", "timer", "tick"):
+            raise ValueError(
+                f"cpu_sample_clock must be 'auto', 'timer' or 'tick', not {self.clock!r}"
+            )
+        self.clock_why = None  # what "auto" measured and chose
+        self.timer_cost = None  # its TimerCost, when it measured one
         self.tick = None
         self.max_depth = int(s.cpu_max_depth)
         if self.max_depth > MAX_DEPTH_LIMIT:
@@ -233,8 +244,13 @@ class BccCpuProbe(Probe):
             f"-DMAX_TGIDS={self.max_tgids}",
             f"-DMAX_TIDS={self.max_tids}",
         ]
+        tick_info = None
+        if self.clock_setting == "auto":
+            tick_info = kernel_tick.tick_info(self.proc_root)
+            self.clock, self.clock_why = self._choose_clock(tick_info[1])
+            log.info("cpu probe: %s", self.clock_why)
         if self.clock == "tick":
-            self.tick, why = kernel_tick.tick_info(self.proc_root)
+            self.tick, why = tick_info or kernel_tick.tick_info(self.proc_root)
             if why:
                 raise RuntimeError(why)
             self.hz = float(self.tick.hz)
@@ -284,6 +300,14 @@ class BccCpuProbe(Probe):
             pages * bpf_common.PAGE_SIZE // 1024,
         )
 
+    def _choose_clock(self, no_tick):
+        """With "auto": the tick where the timer costs a busy thread more than
+        timer_cost.MAX_TIMER_COST (measured here, now), else the timer;
+        `no_tick` is why the tick is not usable, or None."""
+        if no_tick is None:
+            self.timer_cost = timer_cost.measure(self.hz)
+        return timer_cost.choose(self.timer_cost, no_tick)
+
     def stop(self):
         if self._bpf is None:
             return
@@ -318,6 +342,7 @@ class BccCpuProbe(Probe):
             f"{self.hz:g} Hz per tracked thread on CPU ({clock}), Python frames up to depth "
             f"{self.max_depth} (CPython 3.10-3.13, from each client's report), native leaf "
             f"symbolized ({self._symbolizer()}); BPF loaded in {self.load_s:.1f} s"
+            + (f"; {self.clock_why}" if self.clock_why else "")
         )
 
     def _symbolizer(self):
