@@ -158,6 +158,12 @@ def main():
     ap.add_argument("--idle-s", type=float, default=5.0)
     ap.add_argument("--steady-s", type=float, default=5.0)
     ap.add_argument("--hz", type=float, default=1000.0, help="cpu_sample_hz (default 1000)")
+    ap.add_argument(
+        "--clock",
+        default="timer",
+        choices=("timer", "tick", "auto"),
+        help="cpu_sample_clock (default timer: the figures of its rows; the daemon's default is auto)",
+    )
     args = ap.parse_args()
     why = BccCpuProbe.unavailable()
     if why:
@@ -169,7 +175,7 @@ def main():
     store = Store(db)
     store.start()
     sink = StoreSink(store)
-    probe = BccCpuProbe(ProbeSettings(cpu_sample_hz=args.hz))
+    probe = BccCpuProbe(ProbeSettings(cpu_sample_hz=args.hz, cpu_sample_clock=args.clock))
     stats_was = open("/proc/sys/kernel/bpf_stats_enabled").read().strip()
     subprocess.run(["sysctl", "-q", "kernel.bpf_stats_enabled=1"], check=True)
     sleeper = subprocess.Popen(["sleep", "3600"])

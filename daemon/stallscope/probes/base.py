@@ -219,7 +219,7 @@ class ProbeSettings:
         "own, a tenth of a torch engine's step at 1 kHz on a VM), 'tick' (the scheduler's tick, "
         "CONFIG_HZ: no interrupt of its own, a quarter of the samples at HZ 250), or 'auto' "
         "(the timer's cost measured at start, ~0.3 s at idle priority: the tick where the "
-        "timer costs a busy thread over 2 % of its CPU)",
+        "timer costs a busy thread over 2 percent of its CPU)",
         choices=("auto", "timer", "tick"),
     )
     cpu_max_depth: int = _key(

@@ -6,7 +6,9 @@ to one software cpu-clock event per CPU at `cpu_sample_hz` (this VM has no
 PMU; cpu-clock ticks only on busy CPUs); or, with `cpu_sample_clock =
 "tick"`, to the `timer:hrtimer_expire_entry` tracepoint, keeping the
 scheduler's own tick (kernel_tick.py: CONFIG_HZ, no interrupt of ours,
-which costs a torch thread ~100 us each on a VM). The program filters on the tracked
+which costs a torch thread ~100 us each on a VM); with "auto", the
+default, the tick where the timer measured at start costs a busy thread
+more than 2 % of its CPU (timer_cost.py), else the timer. The program filters on the tracked
 tgids in the kernel, unwinds CPython 3.10-3.13 frames there and writes one
 record per sample (time, thread, CPU, kernel mode, native leaf IP, Python
 frames as code address + instruction + checksum) and, once per code object

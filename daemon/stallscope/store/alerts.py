@@ -162,7 +162,7 @@ def alert_parts(gc_a, gc_b, off_a, off_b, weights):
         length = length - under_gc
     off = float((length * weights[:, 0]).sum())
     pre = float((length * weights[:, 1]).sum())
-    yielded = float((length * weights[:, 3]).sum()) if weights.shape[1] > 3 else 0.0
+    yielded = float((length * weights[:, 3]).sum())
     return {"gc": gc_ns, "runqueue": yielded, "preemption": pre - yielded, "blocked": off - pre}
 
 
