@@ -34,7 +34,8 @@ from stallscope.probes import perf_events
 # The sampler's budget is 0.5 % of the sampled thread's CPU (issue 25); the
 # tick costs ~+0.9 % on a torch engine here and the timer +7-11 %, bare metal
 # well under 1 %. At 2 % neither side is near the line: the measurement's
-# own spread (a 1 Hz control) is about +-0.5 % on the median of 10 pairs.
+# own spread, a 1 Hz event in the same windows, read -0.7 to +1.7 % in 10
+# measurements here (bench/clock_choice.py).
 MAX_TIMER_COST = 0.02
 PAIRS = 10
 WINDOW_CPU_S = 0.015  # CPU time per window; longer at low rates (>= MIN_TICKS interrupts)
