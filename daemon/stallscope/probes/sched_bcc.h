@@ -27,8 +27,8 @@ struct record {
     u8 other_irq;    // blocked: woken from interrupt context (no waker thread)
     u8 yielded;      // preempted inside sched_yield(): the thread gave its CPU
                      // away itself (1), or not (0); 0 also when the program
-                     // was built without the syscall's address (user space
-                     // then writes NULL)
+                     // was built without sched_yield's number (YIELD_NR;
+                     // user space then writes NULL)
     // preempted: the task switched in in its place (sched_switch next_*);
     // blocked: the thread that woke it (sched_waking, in the waker's context).
     // other_pid is 0 when the kernel side could not tell the tgid.
