@@ -137,3 +137,20 @@ def chain_share(daemon, run):
         ):
             good += 1
     return good, total, lead_s
+
+
+def sampler_daemon(tmp_path, *args):
+    """A started daemon with the CPU sampler on and no scheduling probe,
+    `args` appended (its rate, its clock); root and bcc required (a skip, a
+    failure under STALLSCOPE_REQUIRE_PRIVILEGED=1)."""
+    from helpers.daemonproc import DaemonProcess
+    from helpers.privileged import is_root, require_privileged
+    from stallscope.probes.cpu_bcc import BccCpuProbe
+
+    require_privileged(
+        is_root() and BccCpuProbe.unavailable() is None,
+        f"requires root and bcc: {BccCpuProbe.unavailable()}",
+    )
+    daemon = DaemonProcess(tmp_path, sched_backend="none", extra_args=["--cpu-sampler", *args])
+    daemon.start(timeout_s=90)
+    return daemon

@@ -23,7 +23,16 @@ import time
 import pytest
 
 from helpers import pythons
-from helpers.cpu import CHAIN_S, ENGINE, LINES, Engine, chain_share, python_frames, stacks
+from helpers.cpu import (
+    CHAIN_S,
+    ENGINE,
+    LINES,
+    Engine,
+    chain_share,
+    python_frames,
+    sampler_daemon,
+    stacks,
+)
 from helpers.daemonproc import DaemonProcess
 from helpers.privileged import is_root, require_privileged
 from probe_client import wire
@@ -389,14 +398,7 @@ def test_a_rate_other_than_1khz_is_what_the_views_count_samples_at(tmp_path):
     rows without a rate: at 250 Hz every on-CPU component would be a
     quarter of its size), and a busy step of ~0.7 ms x N holds about
     duration / 4 ms samples."""
-    require_privileged(
-        is_root() and BccCpuProbe.unavailable() is None,
-        f"requires root and bcc: {BccCpuProbe.unavailable()}",
-    )
-    daemon = DaemonProcess(
-        tmp_path, sched_backend="none", extra_args=["--cpu-sampler", "--cpu-sample-hz", "250"]
-    )
-    daemon.start(timeout_s=90)
+    daemon = sampler_daemon(tmp_path, "--cpu-sample-hz", "250")
     try:
         run = Engine(pythons.SYSTEM_PYTHON, daemon.socket, "steps", 3).run()
     finally:
@@ -424,16 +426,9 @@ def test_the_tick_clock_samples_at_hz_with_user_and_kernel_mode_told_apart(tmp_p
     interrupt's entry, or a system call's); the coverage rows carry HZ."""
     from stallscope.probes import kernel_tick
 
-    require_privileged(
-        is_root() and BccCpuProbe.unavailable() is None,
-        f"requires root and bcc: {BccCpuProbe.unavailable()}",
-    )
     info, why = kernel_tick.tick_info()
     require_privileged(info is not None, f"the scheduler's tick cannot clock the sampler: {why}")
-    daemon = DaemonProcess(
-        tmp_path, sched_backend="none", extra_args=["--cpu-sampler", "--cpu-sample-clock", "tick"]
-    )
-    daemon.start(timeout_s=90)
+    daemon = sampler_daemon(tmp_path, "--cpu-sample-clock", "tick")
     try:
         chain = Engine(pythons.SYSTEM_PYTHON, daemon.socket, "chain", CHAIN_S).run()
         reads = Engine(pythons.SYSTEM_PYTHON, daemon.socket, "syscalls", 2).run()

@@ -17,8 +17,7 @@ import threading
 import pytest
 
 from helpers import pythons
-from helpers.cpu import CHAIN_S, Engine, chain_share
-from helpers.daemonproc import DaemonProcess
+from helpers.cpu import CHAIN_S, Engine, chain_share, sampler_daemon
 from helpers.privileged import is_root, require_privileged
 from stallscope.probes import kernel_tick, timer_cost
 from stallscope.probes.cpu_bcc import BccCpuProbe
@@ -104,14 +103,7 @@ def test_a_daemon_on_auto_samples_with_the_clock_it_measured_for(tmp_path):
     """The daemon's sampler on "auto": its status and log say what the
     timer cost and which clock was taken; the coverage rows carry that
     clock's rate; a traced spinner is sampled with its whole chain."""
-    require_privileged(
-        is_root() and BccCpuProbe.unavailable() is None,
-        f"requires root and bcc: {BccCpuProbe.unavailable()}",
-    )
-    daemon = DaemonProcess(
-        tmp_path, sched_backend="none", extra_args=["--cpu-sampler", "--cpu-sample-clock", "auto"]
-    )
-    daemon.start(timeout_s=90)
+    daemon = sampler_daemon(tmp_path, "--cpu-sample-clock", "auto")
     try:
         chain = Engine(pythons.SYSTEM_PYTHON, daemon.socket, "chain", CHAIN_S).run()
     finally:
