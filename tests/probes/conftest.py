@@ -1,4 +1,7 @@
-"""Fixtures for the GPU probe tests: the fake H200 NVML installed, a real Store."""
+"""Fixtures for the probe tests: the fake H200 NVML installed, a real Store, this
+interpreter's own layout report."""
+
+import json
 
 import pytest
 
@@ -19,3 +22,13 @@ def store(tmp_path):
     s = Store(tmp_path / "t.duckdb")
     yield s
     s.close()
+
+
+@pytest.fixture(scope="module")
+def report():
+    """This interpreter's own PYLAYOUT report (the tests run on CPython 3.11)."""
+    from probe_client import _pythreads
+
+    rep = json.loads(_pythreads.Reporter().layout)
+    assert rep["status"] == "ok", rep
+    return rep

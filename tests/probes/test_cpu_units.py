@@ -124,16 +124,6 @@ def test_line_tables_and_strings_never_raise_on_garbage():
     assert cpu_lines.decode_str(b"", enc["PYSTR_NONE"], 0) is None
 
 
-@pytest.fixture(scope="module")
-def report():
-    """This interpreter's own PYLAYOUT report (the tests run on CPython 3.11)."""
-    from probe_client import _pythreads
-
-    rep = json.loads(_pythreads.Reporter().layout)
-    assert rep["status"] == "ok", rep
-    return rep
-
-
 FORGED = {
     "unknown version 3.14": lambda r: r.update(version=[3, 14, 0]),
     "free-threaded": lambda r: r.update(free_threaded=True),

@@ -147,6 +147,7 @@ def run_demo(args):
         for line in daemon.read_log().splitlines():
             if (
                 " probe: using " in line
+                or " probe: auto chose " in line  # the CPU sampler's clock, and why
                 or " probe unavailable" in line
                 or " probe: disabled" in line
             ):

@@ -224,13 +224,15 @@ class BccTracepointProbe(Probe):
     def _reader(self):
         ring = self._ring
         # A ring more than half full raises the reader to normal priority
-        # until it is drained (threads.check_backlogs, from the main loop).
+        # until it is drained (the reader itself, threads.keep_up, or the main
+        # loop, threads.check_backlogs; the main loop lowers it again).
         threads.background(f"{self.name}-reader", backlog=ring.fill, hurry=self._park.hurry)
         t_cpu = time.thread_time_ns()
         cadence = bpf_common.Cadence(self.poll_s)
         wait_s = self.poll_s
         while not self._park.wait(self._stop, wait_s):
             try:
+                threads.keep_up(ring.fill())
                 # A detached probe's ring stays empty: read it rarely.
                 wait_s = cadence.next(self.drain())
             except Exception:  # a failing sink must not kill the reader

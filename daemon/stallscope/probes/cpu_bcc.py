@@ -38,6 +38,7 @@ unwinder's failures by reason from the samples themselves; both go to
 blocks a producer.
 """
 
+import collections
 import ctypes as ct
 import logging
 import os
@@ -55,8 +56,6 @@ from stallscope.probes.cpu_stacks import StackTable
 log = logging.getLogger(__name__)
 
 SOURCE = "cpu_bcc.c"
-PERF_TYPE_SOFTWARE = 1
-PERF_COUNT_SW_CPU_CLOCK = 0
 TICK_FN = b"tracepoint__timer__hrtimer_expire_entry"  # bcc's name of the tick-clocked program
 MAX_DEPTH_LIMIT = 192  # the verifier's 1M-instruction budget: ~284k at 64, ~530k at 128
 HEADS = bpf_common.header_defines("cpu_bcc.h", "")
@@ -125,14 +124,8 @@ class Refused(Exception):
 def perf_unavailable():
     """None when a cpu-clock perf event opens here (one CPU, every process),
     else why not and how to fix it."""
-    attr = perf_events.PerfEventAttr()
-    attr.type = PERF_TYPE_SOFTWARE
-    attr.size = ct.sizeof(attr)
-    attr.config = PERF_COUNT_SW_CPU_CLOCK
-    attr.sample_period = 1_000_000
-    attr.flags = 1  # disabled
     try:
-        fd = perf_events.perf_event_open(attr, -1, 0)
+        fd = perf_events.perf_event_open(perf_events.cpu_clock_attr(1_000_000), -1, 0)
     except OSError as exc:
         return (
             f"cannot open a cpu-clock perf event ({exc.strerror}): needs CAP_PERFMON "
@@ -211,7 +204,18 @@ class BccCpuProbe(Probe):
         self._bpf = None
         self._sink = None
         self._ring = self._sym_ring = self._counters = None
-        self._lock = threading.RLock()  # the maps, the rings and the tables
+        # Who is sampled: `_procs`, the `tracked` and `tstates` maps, the perf
+        # events. Held only for map updates, so the main loop's track(),
+        # accept_layout() and untrack() never wait behind a drain.
+        self._lock = threading.RLock()
+        # The reader's own: the rings, the stack tables, the rows for the sink.
+        # A drain runs at idle priority and can take seconds on a full host (a
+        # module's symbols loaded); while it held the one lock, a client's
+        # layout report waited for it in the main loop and the whole run was
+        # sampled without Python frames, its ring never read (4 of 5 runs of a
+        # traced spinner beside two CPU hogs).
+        self._drain_lock = threading.RLock()
+        self._departed = collections.deque()  # untracked pids, forgotten by the next drain
         self._stop = threading.Event()
         self._wake = threading.Event()  # set when something is tracked again
         self._thread = None
@@ -320,6 +324,7 @@ class BccCpuProbe(Probe):
             self._thread = None
         with self._lock:
             self._detach()
+        with self._drain_lock:
             self.drain()
             self._flush_unwind(force=True)
             self._ring.close()
@@ -365,8 +370,8 @@ class BccCpuProbe(Probe):
                 self._bpf.attach_tracepoint(tp=kernel_tick.TRACEPOINT.encode(), fn_name=TICK_FN)
             else:
                 self._bpf.attach_perf_event(
-                    ev_type=PERF_TYPE_SOFTWARE,
-                    ev_config=PERF_COUNT_SW_CPU_CLOCK,
+                    ev_type=perf_events.PERF_TYPE_SOFTWARE,
+                    ev_config=perf_events.PERF_COUNT_SW_CPU_CLOCK,
                     fn_name=b"on_sample",
                     sample_period=max(1, int(1e9 / self.hz)),
                     cpu=-1,
@@ -383,7 +388,8 @@ class BccCpuProbe(Probe):
                     self._bpf.detach_tracepoint(tp=kernel_tick.TRACEPOINT.encode())
                 else:
                     self._bpf.detach_perf_event(
-                        ev_type=PERF_TYPE_SOFTWARE, ev_config=PERF_COUNT_SW_CPU_CLOCK
+                        ev_type=perf_events.PERF_TYPE_SOFTWARE,
+                        ev_config=perf_events.PERF_COUNT_SW_CPU_CLOCK,
                     )
             except Exception as exc:  # already closed: nothing left to stop
                 log.debug("cpu probe: detach: %s", exc)
@@ -410,8 +416,6 @@ class BccCpuProbe(Probe):
         with self._lock:
             if pid not in self._procs:
                 return
-            if self._bpf is not None:
-                self.drain()  # its native leaves, while its maps may still be read
             proc = self._procs.pop(pid)
             self.refusals.pop(pid, None)
             if self._bpf is not None:
@@ -425,8 +429,17 @@ class BccCpuProbe(Probe):
                         del tst[ct.c_uint32(tid)]
                     except KeyError:
                         pass
-            self.stacks.forget_pid(pid)
             self._attach_if_needed()
+        # Its last samples are resolved, then its tables forgotten, by a drain:
+        # this one when the reader is not draining (its native leaves named
+        # while its maps may still be read), else the reader's next.
+        self._departed.append(pid)
+        if self._drain_lock.acquire(blocking=False):
+            try:
+                if self._bpf is not None:
+                    self.drain()
+            finally:
+                self._drain_lock.release()
 
     def _write_layout(self, proc):
         """The process's `tracked` entry: its accepted layout, or native-only."""
@@ -598,19 +611,21 @@ class BccCpuProbe(Probe):
     def _reader(self):
         ring = self._ring
         # A ring more than half full raises the reader to normal priority
-        # until it is drained (threads.check_backlogs, from the main loop).
+        # until it is drained (the reader itself, threads.keep_up, or the main
+        # loop, threads.check_backlogs; the main loop lowers it again).
         daemon_threads.background("cpu-sampler", backlog=ring.fill)
         t_cpu = time.thread_time_ns()
         cadence = bpf_common.Cadence(self.poll_s, busy_max_s=0.2, idle_max_s=0.5, batch_records=32)
         wait_s = self.poll_s
         while not self._stop.wait(wait_s):
-            if not self._attached:
+            if not self._attached and not self._departed:
                 # nothing tracked, no perf event: nothing comes until track() wakes us
                 self._wake.wait(IDLE_WAIT_S)
                 self._wake.clear()
                 if self._stop.is_set():
                     break
             try:
+                daemon_threads.keep_up(ring.fill())
                 wait_s = cadence.next(self.drain())
                 if time.monotonic() - self._last_sweep >= SWEEP_INTERVAL_S:
                     self.sweep()
@@ -622,7 +637,7 @@ class BccCpuProbe(Probe):
 
     def drain(self):
         """Samples and symbols committed so far, to the sink; returns samples read."""
-        with self._lock:
+        with self._drain_lock:
             if self._ring is None:
                 return 0
             # The samples are read in the ring, not copied (RingReader.peek:
@@ -651,7 +666,18 @@ class BccCpuProbe(Probe):
                         self._sink.append(table, tables[table])
             self._check_losses()
             self._flush_unwind()
+            self._forget_departed()
             return n
+
+    def _forget_departed(self):
+        """The stack tables' entries of processes untracked since the last drain
+        (their samples were all in this one: untrack() removed them from
+        `tracked` first). One tracked again meanwhile keeps its entries."""
+        while self._departed:
+            pid = self._departed.popleft()
+            with self._lock:
+                if pid not in self._procs:
+                    self.stacks.forget_pid(pid)
 
     def _note_unwind(self, unwind, ts):
         """Count the unwinder's failures of a batch (a dictionary array)."""
@@ -700,19 +726,28 @@ class BccCpuProbe(Probe):
         with self._lock:
             if self._bpf is None:
                 return 0
+            keys = list(self._bpf[b"tstates"].keys())
+            pids = set(self._procs)
+        # /proc is read without the lock (the main loop takes it for a
+        # client's reports); a process tracked or dropped meanwhile makes
+        # this sweep a no-op, the next one runs in SWEEP_INTERVAL_S.
+        gone = [
+            key
+            for key in keys
+            if not any(os.path.exists(f"{self.proc_root}/{pid}/task/{key.value}") for pid in pids)
+        ]
+        dropped = 0
+        with self._lock:
+            if self._bpf is None or set(self._procs) != pids:
+                return 0
             tst = self._bpf[b"tstates"]
-            dropped = 0
-            for key in list(tst.keys()):
-                tid = key.value
-                if not any(
-                    os.path.exists(f"{self.proc_root}/{pid}/task/{tid}") for pid in self._procs
-                ):
-                    try:
-                        del tst[key]
-                        dropped += 1
-                    except KeyError:
-                        pass
-            return dropped
+            for key in gone:
+                try:
+                    del tst[key]
+                    dropped += 1
+                except KeyError:
+                    pass
+        return dropped
 
     def program_stats(self):
         return bpf_common.program_stats(self._bpf) if self._bpf is not None else {}

@@ -19,6 +19,7 @@ NR_PERF_EVENT_OPEN = {"x86_64": 298, "aarch64": 241}.get(os.uname().machine, 298
 
 PERF_TYPE_SOFTWARE = 1
 PERF_TYPE_TRACEPOINT = 2
+PERF_COUNT_SW_CPU_CLOCK = 0
 PERF_COUNT_SW_CPU_MIGRATIONS = 4
 PERF_COUNT_SW_DUMMY = 9
 PERF_SAMPLE_TID = 1 << 1
@@ -80,6 +81,17 @@ def perf_event_open(attr, pid, cpu, group_fd=-1, flags=PERF_FLAG_FD_CLOEXEC):
         err = ct.get_errno()
         raise OSError(err, os.strerror(err))
     return fd
+
+
+def cpu_clock_attr(period_ns):
+    """A cpu-clock event's attributes (the CPU sampler's clock), sampling every
+    `period_ns` of CPU time, opened disabled."""
+    attr = PerfEventAttr()
+    attr.type = PERF_TYPE_SOFTWARE
+    attr.config = PERF_COUNT_SW_CPU_CLOCK
+    attr.sample_period = max(1, int(period_ns))
+    attr.flags = 1  # disabled
+    return attr
 
 
 def ioctl(fd, request, arg):

@@ -19,6 +19,7 @@ written as `offcpu.yielded` (NULL on an architecture this module does not
 know, or a kernel without `bpf_task_pt_regs`, before Linux 5.15).
 """
 
+import collections
 import logging
 import os
 import threading
@@ -117,6 +118,12 @@ class BccSchedProbe(Probe):
         self._bpf = None
         self._sink = None
         self._lock = threading.Lock()  # one drainer at a time
+        # What the main loop changes under the lock (verification bases, the
+        # summaries' threads) is queued here and applied by the lock's next
+        # holder: the reader holds it through a drain, at idle priority, and
+        # the main loop must never wait for that (a client's track() waited
+        # seconds behind a drain on a host whose CPUs were all busy).
+        self._pending = collections.deque()
         self._stop = threading.Event()
         self._park = ReaderPark()  # the reader sleeps while nothing is tracked
         self._thread = None
@@ -260,8 +267,7 @@ class BccSchedProbe(Probe):
             reading = self._switch_reading(state, pid, int(tid))
             if reading is not None:
                 bases[(pid, int(tid))] = reading
-        with self._lock:
-            self._verify_base.update(bases)
+        self._later(lambda: self._verify_base.update(bases))
 
     def untrack(self, pid):
         import ctypes as ct
@@ -270,14 +276,18 @@ class BccSchedProbe(Probe):
         self._tracked.discard(pid)
         self._park.followed(len(self._tracked))
         self._step_threads.pop(pid, None)
-        with self._lock:
+        now = time.monotonic_ns()
+
+        def forget():
             for key in [k for k in self._verify_base if k[0] == pid]:
                 del self._verify_base[key]
             if self.summary is not None:
-                self.summary.forget(pid, time.monotonic_ns())
+                self.summary.forget(pid, now)
+
         # Its last ring records and its summarised threads' final rows are
-        # read now, not after the reader's next wait (up to 1 s).
-        self._park.hurry()
+        # read now, not after the reader's next wait (up to 1 s): _later
+        # hurries the reader.
+        self._later(forget)
         if self._bpf is None:
             return
         try:
@@ -298,9 +308,28 @@ class BccSchedProbe(Probe):
     def detail_threads(self, pid, tids):
         """Threads `tids` of `pid` emitted spans: they keep event-exact rows."""
         self._step_threads.setdefault(int(pid), set()).update(int(t) for t in tids)
-        with self._lock:
+        pid, tids, now = int(pid), [int(t) for t in tids], time.monotonic_ns()
+
+        def keep():
             if self.summary is not None:
-                self.summary.step_threads(int(pid), [int(t) for t in tids], time.monotonic_ns())
+                self.summary.step_threads(pid, tids, now)
+
+        self._later(keep)
+
+    def _later(self, change):
+        """`change()` run by the lock's next holder (the reader, hurried now),
+        in the order asked; the caller does not wait."""
+        self._pending.append(change)
+        self._park.hurry()
+
+    def _run_pending(self):
+        """The queued changes, the lock held."""
+        while self._pending:
+            change = self._pending.popleft()
+            try:
+                change()
+            except Exception:
+                log.exception("sched probe: a queued change failed")
 
     def _read_summaries(self, force=False):
         """sched_summary rows, every sched_summary_ms (the lock held)."""
@@ -317,7 +346,8 @@ class BccSchedProbe(Probe):
     def _reader(self):
         ring = self._ring
         # A ring more than half full raises the reader to normal priority
-        # until it is drained (threads.check_backlogs, from the main loop).
+        # until it is drained (the reader itself, threads.keep_up, or the main
+        # loop, threads.check_backlogs; the main loop lowers it again).
         threads.background("sched-reader", backlog=ring.fill, hurry=self._park.hurry)
         t_cpu = time.thread_time_ns()
         cadence = bpf_common.Cadence(self.poll_s)
@@ -332,7 +362,12 @@ class BccSchedProbe(Probe):
                 # (hurry() ends the wait). The summarised threads' rows keep
                 # their period between reads of the ring (the views split a
                 # row's time over steps): taking them costs no ring read.
-                if now >= drain_at or ring.fill() > threads.HURRY_ABOVE:
+                level = ring.fill()
+                threads.keep_up(level)
+                if self._pending:  # the main loop's changes (_later), without a read
+                    with self._lock:
+                        self._run_pending()
+                if now >= drain_at or level > threads.HURRY_ABOVE:
                     drain_at = now + cadence.next(self.drain())
                     # The kernel's per-program recursion counts are one
                     # fdinfo file per program (13): read with the /proc
@@ -345,6 +380,7 @@ class BccSchedProbe(Probe):
                 wait_s = drain_at - now
                 if self.summary is not None and self.summary.slots:
                     with self._lock:
+                        self._run_pending()
                         self._read_summaries()
                         if self.summary is not None:
                             period = max(SUMMARY_READ_S, self.summary.interval_ns / 1e9)
@@ -361,6 +397,7 @@ class BccSchedProbe(Probe):
     def drain(self):
         """Decode and hand to the sink everything committed so far; returns records."""
         with self._lock:
+            self._run_pending()
             if self._ring is None:
                 return 0
             recs = self._ring.read()
@@ -455,6 +492,7 @@ class BccSchedProbe(Probe):
         is written as a loss and kept per thread in status()["unseen"].
         Returns the switch-outs found missing in this pass."""
         with self._lock:
+            self._run_pending()
             return self._verify()
 
     def _verify(self):

@@ -42,8 +42,6 @@ WINDOW_CPU_S = 0.015  # CPU time per window; longer at low rates (>= MIN_TICKS i
 MIN_TICKS = 10
 DEADLINE_S = 5.0  # wall time the measurement may take (idle priority on a busy host)
 WORK_ARRAY_BYTES = 4 << 20
-PERF_TYPE_SOFTWARE = 1
-PERF_COUNT_SW_CPU_CLOCK = 0
 PERF_EVENT_IOC_ENABLE = 0x2400
 PERF_EVENT_IOC_DISABLE = 0x2401
 
@@ -85,11 +83,7 @@ def _work_piece():
 
 
 def _open_timer(hz):
-    attr = perf_events.PerfEventAttr()
-    attr.type = PERF_TYPE_SOFTWARE
-    attr.config = PERF_COUNT_SW_CPU_CLOCK
-    attr.sample_period = max(1, int(1e9 / hz))
-    attr.flags = 1  # disabled until switched on
+    attr = perf_events.cpu_clock_attr(1e9 / hz)  # disabled until switched on
     return perf_events.perf_event_open(attr, 0, -1)  # this thread, any CPU
 
 
