@@ -71,7 +71,8 @@ def test_a_spinner_beside_cpu_hogs_is_sampled_with_its_frames_and_nothing_lost(t
     lost = daemon.query("SELECT reason, sum(count) FROM losses WHERE probe = 'cpu' GROUP BY ALL")
     assert not [r for r in lost if "ring full" in r[0]], lost
     good, total, lead_s = chain_share(daemon, run)
-    assert lead_s < 1.5, (lead_s, lost)
+    # the layout taken within seconds (it waited out the whole run behind a drain)
+    assert lead_s < 5.0, (lead_s, lost)
     # a third of a CPU at least (three busy threads on two CPUs: ~2/3) at 1 kHz
     first_ns, n = daemon.query(
         "SELECT min(ts_ns), count(*) FROM cpu_samples WHERE pid = ? AND tid = ?",

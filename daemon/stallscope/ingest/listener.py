@@ -23,7 +23,6 @@ import time
 from collections import Counter
 
 from probe_client import wire
-from stallscope import threads
 from stallscope.errors import ConfigError, ServiceError
 from stallscope.ingest.census import CensusIngest
 from stallscope.ingest.pystate import PyStateIngest
@@ -351,11 +350,6 @@ class Ingest(RunRegistry, RecordDecoder, RequestDecoder, CensusIngest, PyStateIn
             conn = Connection(sock, pid, uid, gid)
             self.conns[sock.fileno()] = conn
             self.selector.register(sock, selectors.EVENT_READ, conn)
-            # A new connection raises the reader now (threads.paced: its rate
-            # is not known yet), so the client's HELLO and the probes' track()
-            # it starts run at batch priority: at idle priority, beside a CPU
-            # hog on each CPU, they took 5-10 s and a 10 s run went unsampled.
-            threads.check_paced()
 
     def _read(self, conn):
         sock = conn.sock
