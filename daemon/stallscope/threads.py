@@ -271,21 +271,27 @@ def boost(tid=None):
     return True
 
 
-def keep_up(level):
-    """A background thread's own look at its backlog `level` (0..1), each time
-    it wakes: past BOOST_ABOVE it raises itself now rather than at the main
-    loop's next check_backlogs(), which is late when the CPUs are full (the
-    main loop itself runs at idle priority while its clients send slowly:
-    with a CPU hog on every CPU the CPU sampler's 8 MiB ring was 99 % full
-    before it was raised). Lowering stays with check_backlogs(). True when
-    the thread runs raised."""
+def keep_up():
+    """A background thread's own look at its backlog gauge (the one it
+    registered with `background()`), each time it wakes: past BOOST_ABOVE it
+    raises itself now rather than at the main loop's next check_backlogs(),
+    which is late when the CPUs are full (the main loop itself runs at idle
+    priority while its clients send slowly: with a CPU hog on every CPU the
+    CPU sampler's 8 MiB ring was 99 % full before it was raised). Lowering
+    stays with check_backlogs(). True when the thread runs raised."""
     tid = _tid()
     with _lock:
         info = _threads.get(tid)
         if info is None or info["backlog"] is None:
             return False
-        if info["boosted"] or level <= BOOST_ABOVE:
-            return info["boosted"]
+        if info["boosted"]:
+            return True
+    try:
+        level = float(info["backlog"]())
+    except Exception:
+        return False  # as in _check: a gauge whose object went away reads as no backlog
+    if level <= BOOST_ABOVE:
+        return False
     if boost(tid):
         name, share = info["name"], 100 * level
         log.info("%s fell behind (%.0f%% of its bound): raised to normal priority", name, share)

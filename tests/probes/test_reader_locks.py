@@ -153,9 +153,10 @@ def test_a_reader_past_half_its_ring_raises_itself_and_the_main_loop_lowers_it()
         threads.background("test-reader", backlog=lambda: level["v"])
         try:
             out["start"] = os.sched_getscheduler(0)
-            out["below"] = threads.keep_up(threads.BOOST_ABOVE - 0.1), os.sched_getscheduler(0)
+            level["v"] = threads.BOOST_ABOVE - 0.1
+            out["below"] = threads.keep_up(), os.sched_getscheduler(0)
             level["v"] = threads.BOOST_ABOVE + 0.1
-            out["above"] = threads.keep_up(level["v"]), os.sched_getscheduler(0)
+            out["above"] = threads.keep_up(), os.sched_getscheduler(0)
             level["v"] = threads.UNBOOST_BELOW / 2
             threads.check_backlogs()  # the main loop's part
             out["drained"] = os.sched_getscheduler(0)

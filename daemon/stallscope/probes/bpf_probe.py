@@ -232,7 +232,7 @@ class BccTracepointProbe(Probe):
         wait_s = self.poll_s
         while not self._park.wait(self._stop, wait_s):
             try:
-                threads.keep_up(ring.fill())
+                threads.keep_up()
                 # A detached probe's ring stays empty: read it rarely.
                 wait_s = cadence.next(self.drain())
             except Exception:  # a failing sink must not kill the reader

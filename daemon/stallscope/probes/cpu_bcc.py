@@ -630,7 +630,7 @@ class BccCpuProbe(Probe):
                 if self._stop.is_set():
                     break
             try:
-                daemon_threads.keep_up(ring.fill())
+                daemon_threads.keep_up()
                 wait_s = cadence.next(self.drain())
                 if time.monotonic() - self._last_sweep >= SWEEP_INTERVAL_S:
                     self.sweep()
@@ -661,7 +661,7 @@ class BccCpuProbe(Probe):
                 reader = threading.current_thread() is self._thread
                 for lo in range(0, n, DRAIN_CHUNK):
                     if lo and reader:  # a backlog: raise the reader if it is past half
-                        daemon_threads.keep_up(self._ring.fill())
+                        daemon_threads.keep_up()
                     tables = self.stacks.resolve(recs[lo : lo + DRAIN_CHUNK])
                     self._note_unwind(
                         tables["cpu_samples"]["unwind"], tables["cpu_samples"]["ts_ns"]

@@ -362,8 +362,8 @@ class BccSchedProbe(Probe):
                 # (hurry() ends the wait). The summarised threads' rows keep
                 # their period between reads of the ring (the views split a
                 # row's time over steps): taking them costs no ring read.
+                threads.keep_up()
                 level = ring.fill()
-                threads.keep_up(level)
                 if self._pending:  # the main loop's changes (_later), without a read
                     with self._lock:
                         self._run_pending()
