@@ -182,7 +182,6 @@ class Ingest(RunRegistry, RecordDecoder, RequestDecoder, CensusIngest, PyStateIn
         self.proc_root = proc_root
         self.selector = selectors.DefaultSelector()
         self.conns = {}  # fd -> Connection
-        self.accepted = 0  # connections accepted so far (the main loop compares it)
         self.runs = {}  # run_id -> RunState (what decode_pending walks)
         self.runs_by_token = {}  # (client token, kernel pid) -> RunState, for resuming
         self.rejections = Counter()
@@ -350,7 +349,6 @@ class Ingest(RunRegistry, RecordDecoder, RequestDecoder, CensusIngest, PyStateIn
                 self._lost_behind_our_back(stale)
             conn = Connection(sock, pid, uid, gid)
             self.conns[sock.fileno()] = conn
-            self.accepted += 1
             self.selector.register(sock, selectors.EVENT_READ, conn)
 
     def _read(self, conn):

@@ -615,7 +615,7 @@ class Daemon:
         threads.paced("main", backlog=self.ingest.pace_backlog)
         last_decode = last_tick = time.monotonic()
         last_sweep = 0.0
-        accepted = 0  # the ingest's connections accepted as of the last round
+        known_conns = set()  # the ingest connections' fds after the last round
         while not self._stopping():
             if self.store.backlog() > INGEST_PAUSE_SHARE and not threads.boost_refused():
                 # Push back on the clients while the writer, raised to normal
@@ -636,14 +636,15 @@ class Daemon:
             else:
                 due = last_tick + IDLE_TICK_S
             read = self.ingest.poll(min(IDLE_TICK_S, max(0.0, due - now)))
-            if read or self.ingest.accepted != accepted:
+            conns = self.ingest.conns.keys()
+            if read or conns - known_conns:
                 # A new connection raises the loop before its HELLO is read
                 # (threads.paced: a new client's rate is not known), so the
                 # probes' track() it starts runs at batch priority: at idle
                 # priority, beside a CPU hog on each CPU, that took 5-10 s
-                # (docs/footprint.md, "One interpreter lock").
+                # and a 10 s run went unsampled (tests/probes/test_cpu_hog.py).
                 threads.check_paced()
-                accepted = self.ingest.accepted
+            known_conns = set(conns)
             if not live and light_round(read, self.ingest):
                 # Light traffic (a client sends every 20 ms): let a few
                 # datagrams gather instead of waking for each; heavy traffic
