@@ -16,7 +16,8 @@ says which of two roles it has, first thing when it starts:
   probe socket: a client's socket must not fill). Where the daemon may
   raise a thread again (`can_raise()`), it runs at idle priority while its
   backlog gauge says it keeps up and under SCHED_BATCH at nice 0 while it
-  does not; elsewhere it is a batch thread throughout. A batch thread gets
+  does not (the main loop's gauge says so too while no client is
+  connected); elsewhere it is a batch thread throughout. A batch thread gets
   a full share of a CPU but, once it has run a tick, the kernel's fair
   share preempts a busy engine thread for it: on two busy CPUs that was
   the daemon's last preemptor of the engine (tests/store/test_observer.py).
@@ -82,6 +83,12 @@ log = logging.getLogger(log_channel(__name__))
 
 _lock = threading.Lock()
 _threads = {}  # tid -> {"name", "role", "boosted", "backlog"}
+# Every tid this process's threads had (registered or seen by sweep()), kept
+# after they end: the scheduling probe names a daemon thread that preempted
+# a traced one by its tid, and resolves the pid when it drains, possibly
+# after that thread ended (its /proc entry gone). Bounded: tids are reused.
+_own_tids = set()
+OWN_TIDS_MAX = 4096
 _state = {
     "cpus": None,
     "initial": None,  # the daemon's own allowed CPUs, before place() narrowed them
@@ -102,6 +109,21 @@ def _tid():
     return threading.get_native_id()
 
 
+def _remember(tids):
+    """Note tids as this process's threads (caller holds _lock)."""
+    if len(_own_tids) >= OWN_TIDS_MAX:
+        _own_tids.clear()
+    _own_tids.update(tids)
+
+
+def was_own_thread(tid):
+    """True when `tid` is, or was, a thread of this daemon (one that
+    registered a role, or that sweep() saw): an ended daemon thread is still
+    the daemon's when a probe resolves who it preempted."""
+    with _lock:
+        return tid in _own_tids
+
+
 def background(name, backlog=None, hurry=None):
     """Make the calling thread a background thread (SCHED_IDLE); `backlog()`,
     if given, returns the fraction of its bound in use (see check_backlogs);
@@ -110,6 +132,7 @@ def background(name, backlog=None, hurry=None):
     little comes). Returns None, or the reason it stays at normal priority."""
     tid = _tid()
     with _lock:
+        _remember((tid,))
         _threads[tid] = {
             "name": name,
             "role": BACKGROUND,
@@ -140,6 +163,7 @@ def serve_tid(tid, name):
     """serving() for thread `tid` of this process (a library's server thread;
     the threads it starts inherit the policy)."""
     with _lock:
+        _remember((tid,))
         _threads[tid] = {"name": name, "role": SERVING, "boosted": False, "backlog": None}
     try:
         os.setpriority(os.PRIO_PROCESS, tid, SERVING_NICE)
@@ -178,6 +202,7 @@ def paced(name, backlog=None):
         waits = _WaitShare(tid)
         gauge = lambda: max(backlog(), waits.level())  # noqa: E731
     with _lock:
+        _remember((tid,))
         _threads[tid] = {
             "name": name,
             "role": PACED,
@@ -286,10 +311,7 @@ def keep_up():
             return False
         if info["boosted"]:
             return True
-    try:
-        level = float(info["backlog"]())
-    except Exception:
-        return False  # as in _check: a gauge whose object went away reads as no backlog
+    level = _level(info)
     if level <= BOOST_ABOVE:
         return False
     if boost(tid):
@@ -364,12 +386,18 @@ def check_backlogs():
     return boosted
 
 
+def _level(info):
+    """A registered thread's backlog gauge now; a gauge whose object went
+    away (a probe stopping) reads as no backlog."""
+    try:
+        return float(info["backlog"]())
+    except Exception:
+        return 0.0
+
+
 def _check(tid, info):
     """Raise or lower one thread by its gauge; True when raised now."""
-    try:
-        level = float(info["backlog"]())
-    except Exception:
-        return False  # a gauge whose object went away reads as no backlog
+    level = _level(info)
     hurry = info.get("hurry")
     if hurry is not None and level > HURRY_ABOVE:
         try:
@@ -402,10 +430,12 @@ def sweep(keep=()):
     priority; only the main thread and the threads registered as paced stay
     normal. Returns how many were moved now."""
     main = os.getpid()
+    tids = _task_ids()
     with _lock:
         known = dict(_threads)
+        _remember(tids)
     moved = 0
-    for tid in _task_ids():
+    for tid in tids:
         info = known.get(tid)
         if tid == main or tid in keep or (info and info["role"] in (PACED, SERVING)):
             continue

@@ -17,6 +17,7 @@ import pytest
 
 from helpers.privileged import require_privileged
 from helpers.sched import CollectSink, Workload, spawn_fifo, spawn_hog, window
+from helpers.waiting import wait_for
 from stallscope.probes.bpf_common import decode_comm
 from stallscope.probes.sched_bcc import BccSchedProbe
 from stallscope.probes.sched_resolve import TgidResolver
@@ -250,3 +251,32 @@ def test_comm_columns_decode_once_per_value(monkeypatch, collide):
     assert b.to_pylist() == [None, "kworker/0:1", "python", None, None]
     assert len(a.dictionary) == 4  # "python" decoded once
     assert decode_comm(values[:0], np.array([], bool))[0].to_pylist() == []
+
+
+def test_resolver_names_an_ended_daemon_thread_as_the_daemon(tmp_path):
+    """A daemon thread that preempted a traced thread and ended before the
+    drain has no /proc entry left: it is still the daemon's (its preemptor_pid
+    is not NULL); a gone thread that was never ours stays unknown (0)."""
+    from stallscope import threads
+
+    tids = []
+
+    def daemon_thread():
+        tids.append(threading.get_native_id())
+        threads.background("test-ended")
+        threads.forget()
+
+    t = threading.Thread(target=daemon_thread)
+    t.start()
+    t.join()
+    gone = tids[0]
+    # join() returns before the kernel has reaped the thread
+    assert wait_for(lambda: not os.path.exists(f"/proc/self/task/{gone}"), timeout_s=10)
+    r = TgidResolver()
+    assert r.tgid(gone) == os.getpid()
+    assert list(r.fill(np.array([gone]), np.array([0]))) == [os.getpid()]
+    # a foreign task that ended: never ours, so unknown
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    assert not threads.was_own_thread(child.pid)
+    assert r.tgid(child.pid) == 0

@@ -77,9 +77,9 @@ def test_every_daemon_thread_runs_at_the_priority_of_its_role(tmp_path):
     """Every thread, ours or a library's (DuckDB, Arrow), runs at idle
     priority, except what answers a waiting client (the API's handlers, its
     poller and its query pool: batch) and the hang watchdog (batch: a hung
-    engine may spin on every CPU); the probe socket's reader (the main
-    thread) too while nothing says it falls behind (it may raise itself:
-    root); DuckDB starts no thread of its own."""
+    engine may spin on every CPU) and the probe socket's reader (the main
+    thread) while no client is connected (the next one's HELLO must be read
+    at once, docs/footprint.md); DuckDB starts no thread of its own."""
     d = bcc_daemon(tmp_path, ["--api-socket", str(tmp_path / "api.sock")])
     try:
         from stallscope.api.client import Client
@@ -99,12 +99,12 @@ def test_every_daemon_thread_runs_at_the_priority_of_its_role(tmp_path):
             return {
                 t: cp
                 for t, cp in policies(d.proc.pid).items()
-                if cp[1] != (BATCH if serving(cp[0]) else IDLE)
+                if cp[1] != (BATCH if serving(cp[0]) or t == d.proc.pid else IDLE)
             }
 
         assert wait_for(lambda: not others(), timeout_s=10), others()
         got = policies(d.proc.pid)
-        assert got[d.proc.pid] == ("stallscope", IDLE)
+        assert got[d.proc.pid] == ("stallscope", BATCH)  # no client connected
         assert sum(serving(comm) for comm, _ in got.values()) >= 3, got
         assert [p for comm, p in got.values() if comm == "stallscope/hang"] == [BATCH], got
         names = {comm for comm, _ in got.values()}
@@ -113,6 +113,33 @@ def test_every_daemon_thread_runs_at_the_priority_of_its_role(tmp_path):
         # No thread pool of DuckDB's: its default would start one thread per
         # core and 8 I/O threads (named 'stallscope/db' by the daemon).
         assert sum(comm == "stallscope/db" for comm, _ in got.values()) <= 2, got
+    finally:
+        rc, _ = d.stop()
+    assert rc == 0, d.read_log()
+
+
+def test_main_loop_is_a_batch_thread_while_no_client_is_connected(tmp_path):
+    """The probe socket's reader waits at idle priority only while every
+    client is known to send slowly: with none connected it is a batch thread
+    (a new client's HELLO is read at once, not after a nice-0 spinner on its
+    CPU has let it run), once a slow client's rate is known it goes to idle
+    priority, and back to batch when that client has gone."""
+    d = bcc_daemon(tmp_path)
+    try:
+        main = lambda: policies(d.proc.pid)[d.proc.pid][1]  # noqa: E731
+        assert wait_for(lambda: main() == BATCH, timeout_s=10), main()
+        engine = subprocess.Popen(
+            [sys.executable, ENGINE, d.socket, "6", "20", "1", "-", "idle"],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            # 20 steps/s: its rate is known after a 1 s window, and slow
+            assert wait_for(lambda: main() == IDLE, timeout_s=5.5), main()
+        finally:
+            out, _ = engine.communicate(timeout=60)
+        assert json.loads(out.strip().splitlines()[-1])["steps"] > 0
+        assert wait_for(lambda: main() == BATCH, timeout_s=10), main()
     finally:
         rc, _ = d.stop()
     assert rc == 0, d.read_log()

@@ -6,17 +6,24 @@ one the thread that woke it (sched_waking in the waker's context), or a flag
 saying the wakeup came from interrupt context. The kernel side knows the
 preemptor's tgid only when it is a followed thread or when it hands the CPU
 back directly; otherwise this module reads it from /proc/TID/status (cached,
-bounded), and leaves it NULL for a task already gone. It must never block on
-anything but a procfs read and never raise into the reader.
+bounded), and leaves it NULL for a task already gone, unless that task was
+one of the daemon's own threads (stallscope.threads remembers their tids):
+a daemon thread that preempted a traced one and ended before the drain is
+still named as the daemon. It must never block on anything but a procfs
+read and never raise into the reader.
 """
+
+import os
 
 import numpy as np
 
+from stallscope import threads
 from stallscope.probes.bpf_common import decode_comm, nullable
 
 
 class TgidResolver:
-    """tid -> tgid from procfs, cached; 0 when the task is gone."""
+    """tid -> tgid from procfs, cached; for a task gone, the daemon's pid if
+    it was a daemon thread, else 0."""
 
     MAX_CACHED = 8192
 
@@ -38,7 +45,8 @@ class TgidResolver:
                         tgid = int(line.split()[1])
                         break
         except (OSError, ValueError):
-            return 0  # gone (or never a task): do not cache, the tid may be reused
+            # gone (or never a task): not cached, the tid may be reused
+            return os.getpid() if threads.was_own_thread(tid) else 0
         if len(self._cache) >= self.MAX_CACHED:
             self._cache.clear()  # tids get reused: a bounded, short memory
         self._cache[tid] = tgid

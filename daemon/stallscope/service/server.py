@@ -610,9 +610,11 @@ class Daemon:
         if self.notify:
             self.notify.ready(self)
         # From here the main loop waits at idle priority while every client
-        # is known to send slowly, and is raised to batch the moment one is
-        # new or fast or its socket holds a backlog (threads.paced).
+        # is known to send slowly, and runs as a batch thread while there is
+        # no client, or the moment one is new or fast or its socket holds a
+        # backlog (threads.paced; listener.pace_backlog).
         threads.paced("main", backlog=self.ingest.pace_backlog)
+        threads.check_paced()  # no client yet: batch now, not at the first tick
         last_decode = last_tick = time.monotonic()
         last_sweep = 0.0
         known_conns = set()  # the ingest connections' fds after the last round
@@ -638,11 +640,11 @@ class Daemon:
             read = self.ingest.poll(min(IDLE_TICK_S, max(0.0, due - now)))
             conns = self.ingest.conns.keys()
             if read or conns - known_conns:
-                # A new connection raises the loop before its HELLO is read
-                # (threads.paced: a new client's rate is not known), so the
-                # probes' track() it starts runs at batch priority: at idle
-                # priority, beside a CPU hog on each CPU, that took 5-10 s
-                # and a 10 s run went unsampled (tests/probes/test_cpu_hog.py).
+                # A new connection keeps the loop raised until its rate is
+                # known (threads.paced), so the HELLO and the probes' track()
+                # it starts run at batch priority: at idle priority, beside a
+                # CPU hog on each CPU, that took 5-10 s and a 10 s run went
+                # unsampled.
                 threads.check_paced()
             known_conns = set(conns)
             if not live and light_round(read, self.ingest):
