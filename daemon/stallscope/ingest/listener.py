@@ -299,15 +299,12 @@ class Ingest(RunRegistry, RecordDecoder, RequestDecoder, CensusIngest, PyStateIn
         return True
 
     def pace_backlog(self):
-        """The reader's backlog gauge (stallscope.threads.paced): 1.0 while no
-        client is connected (the next one must be accepted and its HELLO read
-        at once: at idle priority, beside a nice-0 thread spinning on its CPU,
-        the main loop got ~0.3 % of that CPU and read a HELLO seconds late),
-        and while a connection is new or sends so fast that an idle-priority
-        wait would let its socket fill; otherwise the fullest connection's
-        queue, as a share of what its socket holds, since the last call."""
+        """The reader's backlog gauge (stallscope.threads.paced): 1.0 while a
+        connection is new or sends so fast that an idle-priority wait would
+        let its socket fill; otherwise the fullest connection's queue, as a
+        share of what its socket holds, since the last call."""
         peak, self._peak_read = self._peak_read, 0
-        if not self.conns or not self.slow_enough(IDLE_WAIT_S, SOCKET_HOLDS_DATAGRAMS // 2):
+        if not self.slow_enough(IDLE_WAIT_S, SOCKET_HOLDS_DATAGRAMS // 2):
             return 1.0
         return peak / SOCKET_HOLDS_DATAGRAMS
 
