@@ -17,11 +17,14 @@ scheduling probe and the default probes, as root). Per round:
                traced run's middle (a thread that sleeps and wakes often is
                a thread that can be picked on busy CPUs)
 
-The medians of the rounds are printed, then one JSON line. Never asserts
+`--gap-clock both` runs the traced engine twice a round, with the daemon's
+gap clock (stallscope/gaps.py) on and off, alternating which goes first,
+against the round's one baseline. The medians of the rounds are printed
+(per arm), then one JSON line. Never asserts
 (timing belongs here, not in tests: tests/store/test_observer.py holds the
 pinned case to its bound).
 
-Usage (as root): python bench/daemon_preemption.py --rounds 2 --seconds 30
+Usage (as root): python bench/daemon_preemption.py --rounds 2 --seconds 30 [--gap-clock both]
 """
 
 import argparse
@@ -101,32 +104,56 @@ def main():
     ap.add_argument("--seconds", type=float, default=30.0)
     ap.add_argument("--rate", type=float, default=200.0, help="steps per second")
     ap.add_argument("--step-ms", type=float, default=2.5, help="work per step, ms")
+    ap.add_argument(
+        "--gap-clock",
+        choices=("default", "on", "off", "both"),
+        default="default",
+        help="the daemon's sched_gap_clock: as configured, on, off, or both in each round "
+        "(alternating which goes first)",
+    )
     args = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("daemon_preemption: needs root (the bcc scheduling probe)")
+    arms = ["on", "off"] if args.gap_clock == "both" else [args.gap_clock]
     rounds = []
     for k in range(args.rounds):
         print(f"round {k + 1}/{args.rounds}: baseline, then traced", file=sys.stderr, flush=True)
         base = run_engine("/nonexistent/stallscope.sock", args.seconds, args.rate, args.step_ms)
-        traced, rows, spans, wakeups = traced_round(args.seconds, args.rate, args.step_ms)
-        rounds.append({
-            "baseline_involuntary_per_10k": per_10k(base["nonvoluntary"], base["steps"]),
-            "traced_involuntary_per_10k": per_10k(traced["nonvoluntary"], traced["steps"]),
-            "by_daemon_per_10k": per_10k(sum(r[1] for r in rows), traced["steps"]),
-            "by_daemon_ms": round(sum(r[2] for r in rows) / 1e6, 1),
-            "by_thread": {c: [n, round(ns / 1e6, 1)] for c, n, ns in rows},
-            "spans_stored": spans,
-            "spans_made": 4 * traced["steps"],
-            "daemon_wakeups_per_s": {c: round(v, 1) for c, v in sorted(wakeups.items())},
-        })  # fmt: skip
-        print(json.dumps(rounds[-1]), file=sys.stderr, flush=True)
+        for arm in arms if k % 2 == 0 else arms[::-1]:
+            rounds.append(traced_arm(args, arm, base))
+            print(json.dumps(rounds[-1]), file=sys.stderr, flush=True)
     keys = ("baseline_involuntary_per_10k", "traced_involuntary_per_10k", "by_daemon_per_10k",
             "by_daemon_ms")  # fmt: skip
-    medians = {k: statistics.median(r[k] for r in rounds) for k in keys}
-    for k in keys:
-        print(f"{k:32s} median {medians[k]:8.1f}   rounds {[r[k] for r in rounds]}")
-    print(json.dumps({"medians": medians, "rounds": rounds, "seconds": args.seconds,
-                      "rate": args.rate, "step_ms": args.step_ms}))  # fmt: skip
+    out = {"seconds": args.seconds, "rate": args.rate, "step_ms": args.step_ms}
+    for arm in arms:
+        mine = [r for r in rounds if r["gap_clock"] == arm]
+        medians = {k: statistics.median(r[k] for r in mine) for k in keys}
+        for k in keys:
+            print(f"{arm:7s} {k:32s} median {medians[k]:8.1f}   rounds {[r[k] for r in mine]}")
+        out[arm] = {"medians": medians, "rounds": mine}
+    if len(arms) == 1:
+        out.update(out.pop(arms[0]))
+    print(json.dumps(out))
+
+
+def traced_arm(args, arm, base):
+    """One traced run with the gap clock as `arm` says, against `base`."""
+    if arm == "default":
+        os.environ.pop("STALLSCOPE_SCHED_GAP_CLOCK", None)
+    else:
+        os.environ["STALLSCOPE_SCHED_GAP_CLOCK"] = "true" if arm == "on" else "false"
+    traced, rows, spans, wakeups = traced_round(args.seconds, args.rate, args.step_ms)
+    return {
+        "gap_clock": arm,
+        "baseline_involuntary_per_10k": per_10k(base["nonvoluntary"], base["steps"]),
+        "traced_involuntary_per_10k": per_10k(traced["nonvoluntary"], traced["steps"]),
+        "by_daemon_per_10k": per_10k(sum(r[1] for r in rows), traced["steps"]),
+        "by_daemon_ms": round(sum(r[2] for r in rows) / 1e6, 1),
+        "by_thread": {c: [n, round(ns / 1e6, 1)] for c, n, ns in rows},
+        "spans_stored": spans,
+        "spans_made": 4 * traced["steps"],
+        "daemon_wakeups_per_s": {c: round(v, 1) for c, v in sorted(wakeups.items())},
+    }
 
 
 if __name__ == "__main__":

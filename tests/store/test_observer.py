@@ -145,6 +145,29 @@ def test_main_loop_is_a_batch_thread_while_no_client_is_connected(tmp_path):
     assert rc == 0, d.read_log()
 
 
+def test_the_daemons_periodic_waits_end_in_gaps_the_engine_leaves(tmp_path):
+    """With the bcc sched probe the main loop's reads of a slow client and
+    the ring readers' waits end at moments a traced thread went to sleep
+    and left its CPU idle (the gap clock, stallscope/gaps.py), not on
+    timers: an engine at 50 steps/s that sleeps between its steps leaves
+    such a moment every 20 ms, so nearly every wait while it runs is woken
+    by one; the daemon says how many at exit."""
+    import re
+
+    d = bcc_daemon(tmp_path)
+    try:
+        out = run_engine(d.socket, 6, 1.0, "-", "idle", rate=50)
+        assert out["steps"] > 0
+    finally:
+        rc, _ = d.stop()
+    assert rc == 0, d.read_log()
+    m = re.search(r"gap clock: (\d+) of (\d+) periodic waits ended in a gap", d.read_log())
+    assert m, d.read_log()[-3000:]
+    woken, asked = int(m[1]), int(m[2])
+    # ~5 main-loop reads and ~10 ring-reader waits a second for ~6 s
+    assert woken >= 20, (woken, asked)
+
+
 def test_stopping_raises_the_threads_sweep_moved_to_idle():
     """A process exits once each of its threads has run again to die; on busy
     CPUs an idle-priority thread waits seconds for that. Stopping raises the

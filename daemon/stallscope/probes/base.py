@@ -16,6 +16,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from stallscope import gaps
+
 # A reader with no process to follow keeps its cadence this long after the
 # last one left (its late records, the kernel's per-thread tails, a process
 # that reconnects), then parks; parked, it still looks once every
@@ -68,6 +70,12 @@ class ProbeSettings:
         False,
         "bcc backend: an exact row per switch for every thread; off: threads that emit no "
         "span (pool workers) are summarised in the kernel into sched_summary rows",
+    )
+    sched_gap_clock: bool = _key(
+        True,
+        "bcc backend: the daemon's periodic work waits for a moment a traced thread leaves "
+        "its CPU idle (up to its period again, at most 0.5 s late) instead of waking on a "
+        "timer while the engine runs",
     )
     sched_summary_ms: float = _key(
         50.0, "bcc backend: one sched_summary row per summarised thread this often, ms", minimum=1
@@ -278,8 +286,13 @@ class ReaderPark:
         process is followed again, `stop` is set or PARK_CHECK_S passed.
         Returns whether `stop` is set, like `stop.wait()`."""
         if not self.parked:
-            # wake() (after stop is set), hurry() and followed() end the wait
-            if self._event.wait(wait_s):
+            # wake() (after stop is set), hurry() and followed() end the wait;
+            # else the first moment after wait_s a traced thread leaves its
+            # CPU idle, so the read does not take a busy engine's CPU (gaps.py)
+            from stallscope.probes.bpf_common import LIVE  # numpy: not at import
+
+            hard_s = wait_s if LIVE.is_set() else gaps.late_by(wait_s)
+            if gaps.wait(wait_s, hard_s, self._event.set, self._event.wait):
                 self._event.clear()
             return stop.is_set()
         self._event.clear()

@@ -73,6 +73,17 @@ BPF_RINGBUF_OUTPUT(events, RINGBUF_PAGES);
 // never emit a span: user space decides), tid -> slot of `summaries`.
 BPF_HASH(summarised, u32, u32, MAX_SUMMARY);
 BPF_F_TABLE("array", u32, struct summary, summaries, MAX_SUMMARY, BPF_F_MMAPABLE);
+// The gap clock (stallscope/gaps.py): the daemon's periodic work waits for
+// a moment a tracked thread leaves its CPU idle, instead of waking on a
+// timer while the engine runs (a thread woken beside a busy engine takes
+// its CPU at the engine's next slice end, whatever its priority: EEVDF,
+// BENCHMARKS.md). User space writes, through the mmapped `gap_due`, the
+// earliest monotonic time a waiter wants its gap; the first such idle
+// switch at or after it writes one record to `gap_kicks` with a wake-up,
+// and sets the time to never until user space asks again. One kick per
+// request, so the rate of wake-ups is the waiters', not the engine's.
+BPF_F_TABLE("array", u32, u64, gap_due, 1, BPF_F_MMAPABLE);
+BPF_RINGBUF_OUTPUT(gap_kicks, 1);
 // Never written: its value type tells user space the compiled record layout.
 BPF_ARRAY(layout_record, struct record, 1);
 // Per CPU: when the task now running there was switched in. Written at
@@ -143,6 +154,23 @@ static __always_inline u8 in_yield(void)
 #else
     return 0;
 #endif
+}
+
+// A tracked thread went to sleep and its CPU goes idle: the gap a waiter
+// of the gap clock may have asked for. Two CPUs racing past the same due
+// time write two kicks; user space reads them as one.
+static __always_inline void gap_kick(u64 now)
+{
+    u32 zero = 0;
+    u64 *due = gap_due.lookup(&zero);
+    if (!due || now < *due)
+        return;
+    *due = ~0ULL;
+    u64 *kick = gap_kicks.ringbuf_reserve(sizeof(u64));
+    if (!kick)
+        return;
+    *kick = now;
+    gap_kicks.ringbuf_submit(kick, BPF_RB_FORCE_WAKEUP);
 }
 
 // A thread of a tracked process became runnable: start its run-queue wait.
@@ -218,6 +246,9 @@ TRACEPOINT_PROBE(sched, sched_switch)
         // it off counts it as preempted. This is exactly the kernel's split
         // into nivcsw / nvcsw (nonvoluntary / voluntary_ctxt_switches).
         u8 preempted = (args->prev_state & 0xff) == 0;
+        // next_pid 0 is the CPU's idle task: nothing else was queued there.
+        if (!preempted && next_tid == 0)
+            gap_kick(now);
         cpu = bpf_get_smp_processor_id();
         struct tstate *s = state.lookup(&prev_tid);
         if (!s) {

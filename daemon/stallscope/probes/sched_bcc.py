@@ -27,7 +27,7 @@ import time
 
 import numpy as np
 
-from stallscope import threads
+from stallscope import gaps, threads
 from stallscope.probes import bpf_common
 from stallscope.probes.base import Probe, ReaderPark
 from stallscope.probes.sched_resolve import TgidResolver, who_columns
@@ -137,6 +137,7 @@ class BccSchedProbe(Probe):
         self._started_ns = 0
         self._ring = None
         self._counters = None
+        self._gaps = None  # the gap clock of the loaded program (stallscope/gaps.py)
         self._resolver = TgidResolver(self.proc_root)
         self.verify_s = self.settings.sched_verify_ms / 1000.0
         self._verify_base = {}  # (pid, tid) -> (proc_vol, proc_inv, bpf_vol, bpf_inv)
@@ -199,6 +200,12 @@ class BccSchedProbe(Probe):
             self._bpf = None
             raise
         self._sink = sink
+        if self.settings.sched_gap_clock:
+            try:
+                self._gaps = gaps.GapClock(self._bpf)
+                gaps.install(self._gaps)
+            except Exception as exc:  # the probe runs on; the daemon wakes on timers
+                log.warning("sched probe: no gap clock, periodic work wakes on timers (%s)", exc)
         self._started_ns = time.monotonic_ns()
         self._lost_since_ns = self._recursion_since_ns = self._started_ns
         for pid in list(self._tracked):
@@ -218,6 +225,17 @@ class BccSchedProbe(Probe):
         if self._bpf is None:
             return
         self._stop.set()
+        if self._gaps is not None:
+            gaps.uninstall(self._gaps)  # its waiters wake now, not at their hard limit
+            st = self._gaps.status()
+            log.info(
+                "sched probe: gap clock: %d of %d periodic waits ended in a gap a traced "
+                "thread left (%d kicks); the rest at their limit or early",
+                st["woken"],
+                st["asked"],
+                st["kicks"],
+            )
+            self._gaps = None
         self._park.wake()
         if self._thread is not None:
             self._thread.join()
@@ -584,4 +602,5 @@ class BccSchedProbe(Probe):
             "summarised_tids": sorted(self.summary.slots) if self.summary is not None else [],
             "summary_rows": self.summary.rows if self.summary is not None else 0,
             "ring_bytes": self.ring_pages * bpf_common.PAGE_SIZE,
+            "gap_clock": self._gaps.status() if self._gaps is not None else None,
         }

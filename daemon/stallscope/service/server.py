@@ -4,7 +4,9 @@ One thread runs the probe socket: it accepts, reads, and decodes what it
 read every 0.7 s (each decode then flushed by the writer at once), as
 records arrive (at most every 5 ms) while someone watches the live stream,
 or as soon as `DECODE_BATCH_RECORDS` wait; it sleeps in the
-selector while nothing arrives, waking every `IDLE_TICK_S` for housekeeping.
+selector while nothing arrives, waking every `IDLE_TICK_S` for housekeeping;
+between two reads of slow clients it waits for a moment a traced thread
+leaves its CPU idle (the gap clock, gaps.py).
 The store's writer thread commits batches by size and age (store.py); each
 kernel or GPU probe runs its own reader thread, which stretches its wait
 while its ring is quiet. The daemon samples its own CPU time and RSS into
@@ -21,8 +23,8 @@ import signal
 import threading
 import time
 
+from stallscope import gaps, threads
 from stallscope import probes as probe_registry
-from stallscope import threads
 from stallscope.errors import ConfigError
 from stallscope.ingest.listener import LIGHT_ROUND_GAP_S, Ingest
 from stallscope.ingest.requests import StacksRequests
@@ -652,9 +654,15 @@ class Daemon:
                 # datagrams gather instead of waking for each; heavy traffic
                 # is read round after round (the queue holds 128 datagrams).
                 # Never past the decode's due time, which bounds a SIGKILL's loss.
-                gap = min(LIGHT_ROUND_GAP_S, last_decode + interval - time.monotonic())
+                # The read after the gather waits for a moment a traced
+                # thread leaves its CPU idle (gaps.py), at most until twice
+                # the gap (a slow client's socket holds ~46 datagrams, the
+                # gap's rate check allows 16 a gap) or the decode's due time.
+                due = last_decode + interval - time.monotonic()
+                gap = min(LIGHT_ROUND_GAP_S, due)
                 if gap > 0:
-                    self.ingest.sleep(gap)
+                    hard = min(2 * LIGHT_ROUND_GAP_S, due)
+                    gaps.wait(gap, hard, self.ingest.wake, self.ingest.sleep)
             now = time.monotonic()
             if self.ingest.undecoded >= DECODE_BATCH_RECORDS or (
                 now >= last_decode + interval and self.ingest.has_pending()
