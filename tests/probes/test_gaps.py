@@ -3,6 +3,7 @@ at the first moment after its soft time that a traced thread goes to sleep
 and leaves its CPU idle, or at its hard limit when none does; without a
 clock it is the plain timer it replaced."""
 
+import collections
 import subprocess
 import sys
 import threading
@@ -118,3 +119,44 @@ def test_the_setting_turns_it_off():
         assert gaps.current() is None and p.status()["gap_clock"] is None
     finally:
         p.stop()
+
+
+@pytest.mark.privileged
+def test_the_cpu_samplers_reader_waits_for_gaps_too(probe):
+    """The CPU sampler's reader (every cpu_poll_ms while samples come) asks
+    the clock for its waits, and a traced sleeper's gaps end them: its reads
+    do not come on a timer while the engine runs."""
+    from stallscope.probes.cpu_bcc import BccCpuProbe
+
+    reason = BccCpuProbe.unavailable()
+    require_privileged(reason is None, f"requires root and bcc: {reason}")
+    clock = gaps.current()
+    asked, woken = collections.Counter(), collections.Counter()
+    arm = clock.arm
+
+    def recording_arm(due_ns, wake):
+        name = threading.current_thread().name
+        asked[name] += 1
+
+        def kicked():
+            woken[name] += 1
+            wake()
+
+        return arm(due_ns, kicked)
+
+    clock.arm = recording_arm
+    cpu = BccCpuProbe()
+    cpu.start(CollectSink())
+    proc = child(SLEEPER)
+    try:
+        probe.track(proc.pid)
+        cpu.track(proc.pid)
+        time.sleep(2.5)
+        drains = cpu.drains
+    finally:
+        cpu.stop()
+        proc.kill()
+        proc.wait()
+    reader = "stallscope-cpu-bcc"
+    assert asked[reader] >= 3 and woken[reader] >= 2, (asked, woken)
+    assert drains >= 3, drains

@@ -250,6 +250,19 @@ class ProbeSettings:
     )
 
 
+def periodic_wait(event, wait_s):
+    """A reader's wait between two reads: until `event` is set (a stop, a
+    filling ring), else the first moment after `wait_s` a traced thread
+    leaves its CPU idle, so the read does not take a busy engine's CPU
+    (gaps.py), at most `gaps.late_by(wait_s)` (`wait_s` while someone
+    watches the live stream). `event` is cleared when it ended the wait."""
+    from stallscope.probes.bpf_common import LIVE  # numpy: not at import
+
+    hard_s = wait_s if LIVE.is_set() else gaps.late_by(wait_s)
+    if gaps.wait(wait_s, hard_s, event.set, event.wait):
+        event.clear()
+
+
 class ReaderPark:
     """The wait of a probe's reader thread, which sleeps while no process is
     followed: its kernel program filters on the followed processes (or, for
@@ -286,14 +299,8 @@ class ReaderPark:
         process is followed again, `stop` is set or PARK_CHECK_S passed.
         Returns whether `stop` is set, like `stop.wait()`."""
         if not self.parked:
-            # wake() (after stop is set), hurry() and followed() end the wait;
-            # else the first moment after wait_s a traced thread leaves its
-            # CPU idle, so the read does not take a busy engine's CPU (gaps.py)
-            from stallscope.probes.bpf_common import LIVE  # numpy: not at import
-
-            hard_s = wait_s if LIVE.is_set() else gaps.late_by(wait_s)
-            if gaps.wait(wait_s, hard_s, self._event.set, self._event.wait):
-                self._event.clear()
+            # wake() (after stop is set), hurry() and followed() end the wait
+            periodic_wait(self._event, wait_s)
             return stop.is_set()
         self._event.clear()
         if self._empty_since is not None and not stop.is_set():

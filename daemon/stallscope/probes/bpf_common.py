@@ -242,16 +242,18 @@ class Cadence:
 
 
 class RingReader:
-    """User-space consumer of a BPF ring buffer map holding one record type."""
+    """User-space consumer of a BPF ring buffer map holding one record type
+    (`dtype`; None for a ring whose records carry nothing but their arrival,
+    consumed with `skip()` alone)."""
 
     def __init__(self, bpf, map_name, dtype, pages):
         # Layout of a BPF ring buffer map (kernel/bpf/ringbuf.c): page 0 is the
         # consumer position (ours to write), page 1 the producer position, then
         # the data area mapped twice in a row so a record that wraps around
         # reads as one contiguous slice.
-        fd = bpf[map_name.encode()].map_fd
+        fd = self.fd = bpf[map_name.encode()].map_fd  # readable when records wait
         self.dtype = dtype
-        self.record_len = dtype.itemsize - 8
+        self.record_len = None if dtype is None else dtype.itemsize - 8
         self.name = map_name
         self._size = pages * PAGE_SIZE
         self._mask = self._size - 1
@@ -315,6 +317,15 @@ class RingReader:
         """Hand the space of the records the last `peek()` returned back to
         the kernel (views of them must not be used after this)."""
         struct.pack_into("<Q", self._cons, 0, self._released)
+
+    def skip(self):
+        """Hand every record written so far back to the kernel unread; how
+        many bytes they held (0: none since the last call)."""
+        cons = struct.unpack_from("<Q", self._cons, 0)[0]
+        prod = self._released = struct.unpack_from("<Q", self._prod, 0)[0]
+        if prod != cons:
+            struct.pack_into("<Q", self._cons, 0, prod)
+        return prod - cons
 
     def close(self):
         self._data = None

@@ -50,7 +50,7 @@ import numpy as np
 from probe_client import pyoffsets
 from stallscope import threads as daemon_threads
 from stallscope.probes import bpf_common, kernel_tick, perf_events, timer_cost
-from stallscope.probes.base import Probe
+from stallscope.probes.base import Probe, periodic_wait
 from stallscope.probes.cpu_stacks import StackTable
 
 log = logging.getLogger(__name__)
@@ -223,6 +223,7 @@ class BccCpuProbe(Probe):
         self._departed = collections.deque()  # untracked pids, forgotten by the next drain
         self._stop = threading.Event()
         self._wake = threading.Event()  # set when something is tracked again
+        self._hurry = threading.Event()  # ends the reader's wait: stop(), a filling ring
         self._thread = None
         self._procs = {}  # pid -> _Proc
         self._gen = 0
@@ -324,6 +325,7 @@ class BccCpuProbe(Probe):
             return
         self._stop.set()
         self._wake.set()
+        self._hurry.set()
         if self._thread is not None:
             self._thread.join()
             self._thread = None
@@ -618,11 +620,16 @@ class BccCpuProbe(Probe):
         # A ring more than half full raises the reader to normal priority
         # until it is drained (the reader itself, threads.keep_up, or the main
         # loop, threads.check_backlogs; the main loop lowers it again).
-        daemon_threads.background("cpu-sampler", backlog=ring.fill)
+        # A ring past threads.HURRY_ABOVE ends the wait at the main loop's
+        # next tick: the wait may run to twice poll_s when no gap comes.
+        daemon_threads.background("cpu-sampler", backlog=ring.fill, hurry=self._hurry.set)
         t_cpu = time.thread_time_ns()
         cadence = bpf_common.Cadence(self.poll_s, busy_max_s=0.2, idle_max_s=0.5, batch_records=32)
         wait_s = self.poll_s
-        while not self._stop.wait(wait_s):
+        while True:
+            periodic_wait(self._hurry, wait_s)  # stop() sets it too
+            if self._stop.is_set():
+                break
             if not self._attached and not self._departed:
                 # nothing tracked, no perf event: nothing comes until track() wakes us
                 self._wake.wait(IDLE_WAIT_S)

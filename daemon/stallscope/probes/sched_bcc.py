@@ -28,7 +28,7 @@ import time
 import numpy as np
 
 from stallscope import gaps, threads
-from stallscope.probes import bpf_common
+from stallscope.probes import bpf_common, gap_kicks
 from stallscope.probes.base import Probe, ReaderPark
 from stallscope.probes.sched_resolve import TgidResolver, who_columns
 from stallscope.probes.sched_summary import ThreadSummaries
@@ -202,7 +202,7 @@ class BccSchedProbe(Probe):
         self._sink = sink
         if self.settings.sched_gap_clock:
             try:
-                self._gaps = gaps.GapClock(self._bpf)
+                self._gaps = gap_kicks.GapClock(self._bpf)
                 gaps.install(self._gaps)
             except Exception as exc:  # the probe runs on; the daemon wakes on timers
                 log.warning("sched probe: no gap clock, periodic work wakes on timers (%s)", exc)
